@@ -1,0 +1,174 @@
+"""The `wide` command: calibrate, eval, demo, bench."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def _device(name: str | None) -> torch.device:
+    if name:
+        return torch.device(name)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
+            "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}[name]
+
+
+# ----------------------------------------------------------------------- calibrate
+def cmd_calibrate(a: argparse.Namespace) -> int:
+    from wide.config import WideConfig
+    from wide.model import WideModel, load_model
+    from wide.paths import data_dir
+    from wide.train.calibrate import TrainConfig, calibrate
+    from wide.train.data import load_calibration_data
+
+    device = _device(a.device)
+    cfg = WideConfig(
+        attn_group_size=a.attn_group_size, ffn_group_size=a.ffn_group_size, router_rank=a.router_rank,
+        sparsity=a.sparsity, attn_sparsity=a.attn_sparsity, ffn_sparsity=a.ffn_sparsity, alpha=a.alpha,
+        tau_start=a.tau_start, tau_end=a.tau_end, router_input=a.router_input, seed=a.seed)
+    tc = TrainConfig(steps=a.steps, batch_size=a.batch_size, grad_accum=a.grad_accum, seq_len=a.seq_len,
+                     lr=a.lr, save_every=a.save_every, log_every=a.log_every, data_mode=a.data_mode,
+                     seed=a.seed, fit_skip_bias=not a.no_fit_skip_bias)
+    # Weights stay in the model dtype (bf16 on GPU); the routers are fp32 and autocast handles the rest.
+    model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=device)
+    root = None
+    try:
+        root = data_dir(a.data_dir)
+    except FileNotFoundError:
+        if a.data_dir:
+            raise
+    data = a.data or str(root / "redpajama" / "sample_redpajama") if root else a.data
+    if not data:
+        raise SystemExit("error: --data is required (no data root found for the default RedPajama sample)")
+    ds = load_calibration_data(data, tok, seq_len=a.seq_len, mode=a.data_mode, data_root=root)
+    print(f"calibration data: {len(ds)} sequences x {a.seq_len} tokens from {data}", file=sys.stderr)
+    wm = WideModel(model, cfg)
+    summary = calibrate(wm, ds, tc, a.out, resume=a.resume)
+    summary["data"] = str(data)
+    print(json.dumps({k: v for k, v in summary.items() if k != "train_config"}, indent=1, default=str))
+    return 0
+
+
+# ---------------------------------------------------------------------------- eval
+def cmd_eval(a: argparse.Namespace) -> int:
+    from wide.eval.runner import run_eval
+
+    device = _device(a.device)
+    res = run_eval(a.model, a.routers or [], a.tasks, data_dir=a.data_dir, limit=a.limit,
+                   batch_size=a.batch_size, max_length=a.max_length, dtype=_dtype(a.dtype, device),
+                   device=str(device), out=a.out)
+    if not a.out:
+        print(json.dumps(res, indent=1, default=str))
+    return 0
+
+
+# ---------------------------------------------------------------------------- demo
+def cmd_demo(a: argparse.Namespace) -> int:
+    from wide.demo import run_demo
+
+    run_demo(routers=a.routers, calibrate=a.calibrate, data_dir=a.data_dir, max_tokens=a.max_tokens,
+             prompt=a.prompt, device=a.device)
+    return 0
+
+
+# ---------------------------------------------------------------------------- bench
+def cmd_bench(a: argparse.Namespace) -> int:
+    if a.what == "kernels":
+        from wide.bench.kernels import run_kernel_bench
+
+        t = time.time()
+        rows = run_kernel_bench(a.out, quick=a.quick)
+        print(f"{len(rows)} records in {time.time() - t:.0f}s -> {a.out}")
+        return 0
+    raise SystemExit(f"unknown benchmark {a.what!r}")
+
+
+# ---------------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="wide", description="Token-level dynamic width pruning (WIDE).")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    c = sub.add_parser("calibrate", help="stage 1: train routers on a frozen model")
+    c.add_argument("--model", default="smollm2-135m", help="smollm2-135m (embedded), a local path or hub id")
+    c.add_argument("--data", help="text source: .txt/.jsonl/.json/.parquet, a directory, or a hub dataset "
+                   "(default: the RedPajama sample under the data root)")
+    c.add_argument("--data-dir", help="data root laid out like shared/data (default: $WIDE_DATA)")
+    c.add_argument("--data-mode", choices=["packed", "padded"], default="packed")
+    c.add_argument("--sparsity", type=float, default=0.5, help="shared target S (paper eq. 6)")
+    c.add_argument("--attn-sparsity", type=float, help="separate attention target (eq. 22, with --ffn-sparsity)")
+    c.add_argument("--ffn-sparsity", type=float, help="separate FFN target")
+    c.add_argument("--attn-group-size", type=int, help="query heads per attention decision (default Hq/Hk)")
+    c.add_argument("--ffn-group-size", type=int, default=128)
+    c.add_argument("--router-rank", type=int, default=32)
+    c.add_argument("--router-input", choices=["normed", "residual"], default="normed")
+    c.add_argument("--alpha", type=float, default=20.0)
+    c.add_argument("--tau-start", type=float, default=5.0)
+    c.add_argument("--tau-end", type=float, default=0.5)
+    c.add_argument("--steps", type=int, default=2000)
+    c.add_argument("--seq-len", type=int, default=2048)
+    c.add_argument("--batch-size", type=int, default=16)
+    c.add_argument("--grad-accum", type=int, default=1)
+    c.add_argument("--lr", type=float, default=2e-3)
+    c.add_argument("--save-every", type=int, default=200)
+    c.add_argument("--log-every", type=int, default=10)
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--no-fit-skip-bias", action="store_true",
+                   help="skip fitting argmax thresholds to the Gumbel-time skip rates after training")
+    c.add_argument("--dtype", default="auto", help="model weights: auto (bf16 on GPU, fp32 on CPU), bf16, fp32")
+    c.add_argument("--device")
+    c.add_argument("--out", required=True, help="output directory (checkpoints, log, final routers)")
+    c.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    c.set_defaults(func=cmd_calibrate)
+
+    e = sub.add_parser("eval", help="WikiText-2 perplexity and zero-shot tasks, dense vs routed")
+    e.add_argument("--model", default="smollm2-135m")
+    e.add_argument("--routers", nargs="*", help="router checkpoint directories")
+    e.add_argument("--tasks", default="wikitext", help="comma list: wikitext,arc_easy,... or all")
+    e.add_argument("--data-dir")
+    e.add_argument("--limit", type=int, help="examples per task (documents for wikitext)")
+    e.add_argument("--batch-size", type=int, default=8)
+    e.add_argument("--max-length", type=int, default=4096)
+    e.add_argument("--dtype", default="auto")
+    e.add_argument("--device")
+    e.add_argument("--out", help="JSON file (a markdown table is written next to it)")
+    e.set_defaults(func=cmd_eval)
+
+    d = sub.add_parser("demo", help="SmolLM2-135M dense vs WIDE: perplexity, sparsity, a continuation")
+    d.add_argument("--routers", help="router checkpoint (default: the one shipped in checkpoints/)")
+    d.add_argument("--calibrate", action="store_true", help="first run a short 50%% calibration on the CPU")
+    d.add_argument("--data-dir")
+    d.add_argument("--max-tokens", type=int, default=8192, help="WikiText-2 tokens to score (CPU slice)")
+    d.add_argument("--prompt", default="The history of the city begins")
+    d.add_argument("--device")
+    d.set_defaults(func=cmd_demo)
+
+    b = sub.add_parser("bench", help="GPU benchmarks")
+    b.add_argument("what", choices=["kernels"])
+    b.add_argument("--out", default="bench/results")
+    b.add_argument("--quick", action="store_true")
+    b.set_defaults(func=cmd_bench)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""WideConfig: the routing hyper-parameters, validated against a model and serialisable to JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+ROUTER_INPUTS = ("normed", "residual")
+
+
+class WideConfigError(ValueError):
+    """A configuration that cannot be applied to the model at hand."""
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """The dimensions of a decoder that routing depends on."""
+
+    n_layers: int
+    hidden: int  # D
+    n_q_heads: int  # Hq
+    n_kv_heads: int  # Hk
+    head_dim: int  # d
+    intermediate: int  # D'
+    vocab: int
+
+    @property
+    def gqa_group(self) -> int:
+        """Query heads sharing one KV head (Hq / Hk)."""
+        return self.n_q_heads // self.n_kv_heads
+
+    @classmethod
+    def from_hf_config(cls, cfg: Any) -> ModelDims:
+        hq = cfg.num_attention_heads
+        hk = getattr(cfg, "num_key_value_heads", None) or hq
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // hq
+        return cls(
+            n_layers=cfg.num_hidden_layers,
+            hidden=cfg.hidden_size,
+            n_q_heads=hq,
+            n_kv_heads=hk,
+            head_dim=head_dim,
+            intermediate=cfg.intermediate_size,
+            vocab=cfg.vocab_size,
+        )
+
+
+@dataclass(frozen=True)
+class RoutingShape:
+    """What the routers of one model look like under a config."""
+
+    attn_heads_per_group: int  # query heads per attention decision
+    attn_groups: int  # N_G for attention = Hq / heads_per_group
+    ffn_group_size: int  # channels per FFN decision
+    ffn_groups: int  # N_G for FFN = D' / G_ffn
+    gqa_aligned: bool
+
+
+@dataclass
+class WideConfig:
+    """Routing hyper-parameters (paper §3.1–3.2).
+
+    attn_group_size: query heads per attention decision; None means Hq/Hk (one GQA group).
+    ffn_group_size: intermediate channels per FFN decision (a power of two >= 16 dividing D').
+    sparsity: shared target S; attn_sparsity / ffn_sparsity (both set) switch to the uniform
+        loss of paper eq. 22 with separate targets.
+    router_input: "normed" routes on the normalised hidden state entering attention / FFN,
+        "residual" on the residual stream (as the authors' code does).
+    """
+
+    attn_group_size: int | None = None
+    ffn_group_size: int = 128
+    router_rank: int = 32
+    sparsity: float = 0.5
+    attn_sparsity: float | None = None
+    ffn_sparsity: float | None = None
+    alpha: float = 20.0
+    tau_start: float = 5.0
+    tau_end: float = 0.5
+    router_input: Literal["normed", "residual"] = "normed"
+    seed: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # ----------------------------------------------------------------- validation
+    def validate(self) -> None:
+        def frac(name: str, v: float | None) -> None:
+            if v is not None and not (0.0 <= v < 1.0):
+                raise WideConfigError(f"{name} must be in [0, 1), got {v}")
+
+        frac("sparsity", self.sparsity)
+        frac("attn_sparsity", self.attn_sparsity)
+        frac("ffn_sparsity", self.ffn_sparsity)
+        if (self.attn_sparsity is None) != (self.ffn_sparsity is None):
+            raise WideConfigError("set both attn_sparsity and ffn_sparsity, or neither")
+        if self.router_rank < 1:
+            raise WideConfigError(f"router_rank must be >= 1, got {self.router_rank}")
+        g = self.ffn_group_size
+        if g < 16 or g & (g - 1):
+            raise WideConfigError(f"ffn_group_size must be a power of two >= 16, got {g}")
+        if self.attn_group_size is not None and self.attn_group_size < 1:
+            raise WideConfigError(f"attn_group_size must be >= 1 query head, got {self.attn_group_size}")
+        if self.alpha < 0:
+            raise WideConfigError(f"alpha must be >= 0, got {self.alpha}")
+        if not (self.tau_start > 0 and self.tau_end > 0):
+            raise WideConfigError("tau_start and tau_end must be > 0")
+        if self.router_input not in ROUTER_INPUTS:
+            raise WideConfigError(f"router_input must be one of {ROUTER_INPUTS}, got {self.router_input!r}")
+
+    @property
+    def separate_targets(self) -> bool:
+        return self.attn_sparsity is not None
+
+    def routing_shape(self, dims: ModelDims) -> RoutingShape:
+        """Resolve group sizes against a model; raise with the valid choices when they do not fit."""
+        hq, gqa = dims.n_q_heads, dims.gqa_group
+        heads = self.attn_group_size or gqa
+        if hq % heads:
+            valid = [h for h in range(1, hq + 1) if hq % h == 0]
+            raise WideConfigError(
+                f"attn_group_size={heads} query heads does not divide Hq={hq}; valid choices: {valid} "
+                f"(GQA-aligned: {gqa}, one KV group)"
+            )
+        aligned = heads % gqa == 0 or gqa % heads == 0
+        if heads != gqa:
+            warnings.warn(
+                f"attn_group_size={heads} heads differs from the GQA group ({gqa} heads): the routed "
+                "attention kernels need one decision per KV group, so this config only runs the masked "
+                "(training/eval) path" + ("" if aligned else " and is not GQA-aligned"),
+                stacklevel=2,
+            )
+        g = self.ffn_group_size
+        if dims.intermediate % g:
+            valid = [2**k for k in range(4, 12) if dims.intermediate % 2**k == 0]
+            raise WideConfigError(
+                f"ffn_group_size={g} does not divide the intermediate size {dims.intermediate}; "
+                f"valid choices: {valid}"
+            )
+        return RoutingShape(
+            attn_heads_per_group=heads,
+            attn_groups=hq // heads,
+            ffn_group_size=g,
+            ffn_groups=dims.intermediate // g,
+            gqa_aligned=heads == gqa,
+        )
+
+    def tau_at(self, step: int, total_steps: int) -> float:
+        """Gumbel temperature, annealed linearly from tau_start to tau_end over the run."""
+        if total_steps <= 1:
+            return self.tau_end
+        t = min(max(step / (total_steps - 1), 0.0), 1.0)
+        return self.tau_start + (self.tau_end - self.tau_start) * t
+
+    # ------------------------------------------------------------- serialisation
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> WideConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise WideConfigError(f"unknown WideConfig fields: {unknown}")
+        return cls(**d)
+
+    def save_json(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load_json(cls, path: str | Path) -> WideConfig:
+        return cls.from_dict(json.loads(Path(path).read_text()))

@@ -1,0 +1,91 @@
+"""`wide demo`: SmolLM2-135M dense vs WIDE on the CPU — perplexity, real sparsity, a continuation."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from wide.model import SMOLLM2, WideModel, load_model, load_routers
+
+SHIPPED = Path(__file__).resolve().parents[2] / "checkpoints" / "smollm2-135m-s50"
+
+
+def shipped_routers() -> Path:
+    """The 50% router checkpoint this project ships for SmolLM2-135M (made on the H200)."""
+    if not (SHIPPED / "wide_config.json").is_file():
+        raise FileNotFoundError(
+            f"no shipped routers at {SHIPPED}; pass --routers DIR or run `wide demo --calibrate`")
+    return SHIPPED
+
+
+def _short_calibration(model, tokenizer, data_dir: str | None, out: Path) -> Path:
+    from wide.config import WideConfig
+    from wide.paths import data_dir as find_data
+    from wide.train.calibrate import TrainConfig, calibrate
+    from wide.train.data import load_calibration_data
+
+    root = find_data(data_dir)
+    ds = load_calibration_data(root / "redpajama" / "sample_redpajama", tokenizer, seq_len=256)
+    wm = WideModel(model, WideConfig(sparsity=0.5))
+    tc = TrainConfig(steps=40, batch_size=4, seq_len=256, lr=5e-3, log_every=5, save_every=1000, fit_batches=2)
+    print(f"calibrating routers: {tc.steps} steps x {tc.batch_size} x {tc.seq_len} tokens "
+          f"(a short CPU run; the shipped routers used 2,000 x 16 x 2,048 on an H200)")
+    calibrate(wm, ds, tc, out)
+    wm.detach()
+    return out
+
+
+def _continue(model, tokenizer, prompt: str, n: int = 30) -> str:
+    ids = tokenizer(prompt, return_tensors="pt").input_ids.to(next(model.parameters()).device)
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+
+
+def _fmt_ppl(r: dict) -> str:
+    wp = r.get("word_perplexity")
+    word = f"word ppl {wp:8.2f}" if wp is not None else "word ppl      n/a"
+    return f"{word} | token ppl {r['token_perplexity']:7.2f}"
+
+
+def run_demo(*, routers: str | None = None, calibrate: bool = False, data_dir: str | None = None,
+             max_tokens: int = 8192, prompt: str = "The history of the city begins",
+             device: str | None = None) -> dict:
+    """Print dense vs WIDE perplexity on a WikiText-2 slice, the real sparsity and FLOP saving, and a
+    greedy continuation from both models. Returns the numbers."""
+    from wide.eval.perplexity import wikitext_perplexity
+
+    dev = torch.device(device or "cpu")
+    t0 = time.time()
+    model, tok = load_model(SMOLLM2, dtype=torch.float32, device=dev)
+    if calibrate:
+        routers = str(_short_calibration(model, tok, data_dir, Path(tempfile.mkdtemp(prefix="wide-demo-"))))
+    ckpt = Path(routers) if routers else shipped_routers()
+    print(f"model: SmolLM2-135M (embedded GGUF, fp32, {dev}); routers: {ckpt}")
+    print(f"WikiText-2 test, first {max_tokens} tokens only (a CPU slice; the README's numbers are the "
+          f"full set on the H200)")
+    dense = wikitext_perplexity(model, tok, data_dir=data_dir, max_tokens=max_tokens, max_length=2048,
+                                batch_size=1, device=dev)
+    dense_text = _continue(model, tok, prompt)
+    wm = load_routers(model, ckpt)
+    wm.start_meter()
+    wide = wikitext_perplexity(model, tok, data_dir=data_dir, max_tokens=max_tokens, max_length=2048,
+                               batch_size=1, device=dev, meter=wm.meter)
+    sp = wm.stop_meter()
+    wide_text = _continue(model, tok, prompt)
+    target = wm.config.sparsity if not wm.config.separate_targets else (
+        f"{wm.config.attn_sparsity}/{wm.config.ffn_sparsity}")
+    print()
+    print(f"  dense        {_fmt_ppl(dense)}")
+    print(f"  WIDE (S={target})  {_fmt_ppl(wide)}")
+    print(f"  real sparsity: attention {sp['attn_sparsity']:.1%}, FFN {sp['ffn_sparsity']:.1%}; "
+          f"FLOPs removed {sp['flop_saving']:.1%} (K/V, lm_head, routers counted) over {sp['tokens']} tokens")
+    print(f"\n  prompt: {prompt!r}")
+    print(f"  dense : {dense_text!r}")
+    print(f"  WIDE  : {wide_text!r}")
+    print(f"\n({time.time() - t0:.0f}s)")
+    wm.detach()
+    return {"dense": dense, "wide": wide, "sparsity": sp, "dense_text": dense_text, "wide_text": wide_text}

@@ -1,0 +1,183 @@
+"""Mask reordering: per routing group, the active token rows first (stable), computed on device.
+
+One RouteIndex is computed per routing decision and shared by every operator governed by it
+(Q projection -> attention -> O projection; gate/up -> down).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ._triton_utils import HAS_TRITON, next_pow2, use_triton
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+
+class RouteIndex(NamedTuple):
+    """Reordered routing metadata.
+
+    idx:         [N_G, M] int32 — per group, flattened row ids (b*T + t) of active rows first in
+                 ascending order, then the inactive rows (ascending).
+    count:       [N_G] int32 — active rows per group over all M rows.
+    batch_start: [B, N_G] int32 — where batch b's active rows start inside idx[g] (exclusive
+                 prefix sum of batch_count over b).
+    batch_count: [B, N_G] int32 — active rows of batch b in group g.
+    mask:        [M, N_G] bool (optional, appended) — the flattened routing mask itself; GEMM-K
+                 reads it for per-row predicates. ``route_mask`` rebuilds it when absent.
+    """
+
+    idx: torch.Tensor
+    count: torch.Tensor
+    batch_start: torch.Tensor
+    batch_count: torch.Tensor
+    mask: torch.Tensor | None = None
+
+
+def _as_btg(mask: torch.Tensor) -> torch.Tensor:
+    if mask.dim() == 2:
+        return mask.unsqueeze(0)  # [1, M, N_G]
+    if mask.dim() == 3:
+        return mask
+    raise ValueError(f"routing mask must be [M, N_G] or [B, T, N_G], got shape {tuple(mask.shape)}")
+
+
+def reorder_reference(mask: torch.Tensor) -> RouteIndex:
+    """Torch reference of the reordering (same semantics as the kernel; uses a stable sort)."""
+    m3 = _as_btg(mask).bool()  # [B, T, N_G]
+    b, t, ng = m3.shape
+    flat = m3.reshape(b * t, ng)  # [M, N_G]
+    key = (~flat).to(torch.int8).t().contiguous()  # [N_G, M]: 0 active, 1 inactive
+    idx = torch.sort(key, dim=1, stable=True).indices.to(torch.int32)  # [N_G, M]
+    count = flat.sum(0, dtype=torch.int32)  # [N_G]
+    batch_count = m3.sum(1, dtype=torch.int32)  # [B, N_G]
+    batch_start = (torch.cumsum(batch_count, 0, dtype=torch.int32) - batch_count).to(torch.int32)
+    return RouteIndex(idx, count, batch_start, batch_count, flat.contiguous())
+
+
+def route_mask(route: RouteIndex) -> torch.Tensor:
+    """[M, N_G] bool mask of a RouteIndex (its ``mask`` field, or rebuilt from idx/count on device)."""
+    if route.mask is not None:
+        return route.mask
+    ng, m = route.idx.shape
+    pos = torch.arange(m, device=route.idx.device)[None, :] < route.count[:, None]  # [N_G, M]
+    out = torch.zeros(ng, m, dtype=torch.bool, device=route.idx.device)
+    out.scatter_(1, route.idx.long(), pos)
+    return out.t().contiguous()
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton prefix-sum compaction: one program per group, two passes over the group's mask column.
+# ----------------------------------------------------------------------------------------------
+if HAS_TRITON:
+
+    @triton.jit
+    def _reorder_kernel(
+        mask_ptr,  # [B, T, N_G] uint8
+        idx_ptr,  # [N_G, M] int32
+        count_ptr,  # [N_G] int32
+        bstart_ptr,  # [B, N_G] int32
+        bcount_ptr,  # [B, N_G] int32
+        B,
+        T,
+        NG,
+        BLOCK_B: tl.constexpr,
+        BLOCK_T: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        g = tl.program_id(0)
+        M = B * T
+        # pass 1: per-batch active counts -> batch_count, batch_start (exclusive scan), count
+        total = tl.sum(tl.zeros([BLOCK_B], dtype=tl.int32), axis=0)
+        for b0 in range(0, B, BLOCK_B):
+            ob = b0 + tl.arange(0, BLOCK_B)
+            acc = tl.zeros([BLOCK_B], dtype=tl.int32)
+            for t0 in range(0, T, BLOCK_T):
+                ot = t0 + tl.arange(0, BLOCK_T)
+                ok = (ob[:, None] < B) & (ot[None, :] < T)
+                a = tl.load(mask_ptr + (ob[:, None] * T + ot[None, :]) * NG + g, mask=ok, other=0)
+                acc += tl.sum((a != 0).to(tl.int32), axis=1)
+            incl = tl.cumsum(acc, axis=0)
+            tl.store(bcount_ptr + ob * NG + g, acc, mask=ob < B)
+            tl.store(bstart_ptr + ob * NG + g, total + incl - acc, mask=ob < B)
+            total += tl.sum(acc, axis=0)
+        tl.store(count_ptr + g, total)
+        # pass 2: stable compaction. active row -> #active before it; inactive row r -> total +
+        # #inactive before it (= r - #active before it).
+        seen = tl.sum(tl.zeros([BLOCK], dtype=tl.int32), axis=0)
+        for m0 in range(0, M, BLOCK):
+            om = m0 + tl.arange(0, BLOCK)
+            ok = om < M
+            a = (tl.load(mask_ptr + om * NG + g, mask=ok, other=0) != 0).to(tl.int32)
+            before = seen + tl.cumsum(a, axis=0) - a  # active rows before om
+            pos = tl.where(a != 0, before, total + om - before)
+            tl.store(idx_ptr + g * M + pos, om, mask=ok)
+            seen += tl.sum(a, axis=0)
+
+
+def _reorder_triton(m3: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    b, t, ng = m3.shape
+    m = b * t
+    dev = m3.device
+    idx = torch.empty(ng, m, dtype=torch.int32, device=dev)
+    count = torch.empty(ng, dtype=torch.int32, device=dev)
+    bstart = torch.empty(b, ng, dtype=torch.int32, device=dev)
+    bcount = torch.empty(b, ng, dtype=torch.int32, device=dev)
+    if m == 0 or ng == 0:
+        return idx, count.zero_(), bstart.zero_(), bcount.zero_()
+    block_t = min(next_pow2(t), 2048)
+    block_b = min(next_pow2(b), max(1, 2048 // block_t))
+    block = min(next_pow2(m), 4096)
+    _reorder_kernel[(ng,)](
+        m3.view(torch.uint8),
+        idx,
+        count,
+        bstart,
+        bcount,
+        b,
+        t,
+        ng,
+        BLOCK_B=block_b,
+        BLOCK_T=block_t,
+        BLOCK=block,
+        num_warps=8 if block >= 2048 else 4,
+    )
+    return idx, count, bstart, bcount
+
+
+@torch.library.custom_op("wide::reorder", mutates_args=())
+def _reorder_op(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    m3 = _as_btg(mask).to(torch.bool).contiguous()
+    if use_triton(m3):
+        return _reorder_triton(m3)
+    r = reorder_reference(m3)
+    return r.idx, r.count, r.batch_start, r.batch_count
+
+
+@_reorder_op.register_fake
+def _(mask):
+    m3 = _as_btg(mask)
+    b, t, ng = m3.shape
+    e = mask.new_empty
+    return (
+        e((ng, b * t), dtype=torch.int32),
+        e((ng,), dtype=torch.int32),
+        e((b, ng), dtype=torch.int32),
+        e((b, ng), dtype=torch.int32),
+    )
+
+
+def reorder(mask: torch.Tensor) -> RouteIndex:
+    """Per-group stable compaction of a routing mask ``[M, N_G]`` or ``[B, T, N_G]`` (True = active).
+
+    One Triton kernel on CUDA (no host sync, CUDA-graph capturable); the torch reference on CPU
+    unless ``TRITON_INTERPRET=1``.
+    """
+    m3 = _as_btg(mask)
+    if m3.dtype != torch.bool:
+        m3 = m3 != 0
+    idx, count, bstart, bcount = _reorder_op(m3)
+    return RouteIndex(idx, count, bstart, bcount, m3.reshape(-1, m3.shape[-1]))

@@ -1,0 +1,126 @@
+"""Router checkpoints: a directory with wide_config.json and routers.safetensors, loaded strictly."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+from safetensors.torch import load_file, save_file
+
+from wide.config import ModelDims, WideConfig
+
+CONFIG_NAME = "wide_config.json"
+WEIGHTS_NAME = "routers.safetensors"
+FORMAT = "wide-routers"
+FORMAT_VERSION = 1
+
+
+class CheckpointMismatchError(ValueError):
+    """A router checkpoint that does not fit the model it is loaded into."""
+
+
+def versions() -> dict[str, str]:
+    import transformers
+
+    import wide
+
+    return {"wide": wide.__version__, "torch": torch.__version__, "transformers": transformers.__version__}
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write via a temporary file in the same folder and os.replace: a crash leaves the old file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_routers(wm, out_dir: str | Path, *, training: dict | None = None) -> Path:
+    """Write `wide_config.json` and `routers.safetensors` into out_dir (atomically, file by file)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().float().cpu().contiguous() for k, v in wm.routers.state_dict().items()}
+    fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{WEIGHTS_NAME}.")
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata={"format": FORMAT})
+        os.replace(tmp, out / WEIGHTS_NAME)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    meta = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "base_model": wm.base_model_id,
+        "model_type": wm.model.config.model_type,
+        "model_dims": dataclasses.asdict(wm.dims),
+        "routing_shape": dataclasses.asdict(wm.shape),
+        "config": wm.config.to_dict(),
+        "versions": versions(),
+        "training": training or {},
+    }
+    atomic_write_bytes(out / CONFIG_NAME, (json.dumps(meta, indent=2) + "\n").encode())
+    return out
+
+
+def read_checkpoint_meta(ckpt_dir: str | Path) -> dict:
+    d = Path(ckpt_dir)
+    cfg = d / CONFIG_NAME
+    if not cfg.is_file():
+        raise FileNotFoundError(f"{d} is not a WIDE router checkpoint: {CONFIG_NAME} is missing")
+    meta = json.loads(cfg.read_text())
+    if meta.get("format") != FORMAT:
+        raise CheckpointMismatchError(f"{cfg} is not a {FORMAT} file (format={meta.get('format')!r})")
+    if meta.get("format_version", 0) > FORMAT_VERSION:
+        raise CheckpointMismatchError(
+            f"{cfg} has format_version {meta['format_version']}, newer than this wide ({FORMAT_VERSION})")
+    return meta
+
+
+def load_routers(model: nn.Module, ckpt_dir: str | Path, *, strict_base: bool = True):
+    """Attach the routers saved in ckpt_dir to model (in place) and return the WideModel.
+
+    Fails with CheckpointMismatchError naming what differs: model dimensions, base model id
+    (when strict_base), or tensor shapes."""
+    from wide.model.wide_model import WideModel
+
+    meta = read_checkpoint_meta(ckpt_dir)
+    dims = ModelDims.from_hf_config(model.config)
+    saved = ModelDims(**meta["model_dims"])
+    if dims != saved:
+        diff = {k: (getattr(saved, k), getattr(dims, k)) for k in dataclasses.asdict(dims)
+                if getattr(saved, k) != getattr(dims, k)}
+        raise CheckpointMismatchError(
+            f"checkpoint {ckpt_dir} was made for {meta.get('base_model')!r} with other dimensions "
+            f"(checkpoint vs model): {diff}")
+    model_id = getattr(model.config, "wide_model_id", None)
+    if strict_base and model_id and meta.get("base_model") and model_id != meta["base_model"]:
+        raise CheckpointMismatchError(
+            f"checkpoint {ckpt_dir} was calibrated on {meta['base_model']!r}, not {model_id!r} "
+            "(pass strict_base=False / --no-strict-base to load anyway)")
+    config = WideConfig.from_dict(meta["config"])
+    wm = WideModel(model, config, base_model_id=meta.get("base_model"))
+    state = load_file(str(Path(ckpt_dir) / WEIGHTS_NAME))
+    own = wm.routers.state_dict()
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    bad = [f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
+           for k in own if k in state and state[k].shape != own[k].shape]
+    if missing or unexpected or bad:
+        wm.detach()
+        raise CheckpointMismatchError(
+            f"router tensors of {ckpt_dir} do not match: missing={missing[:5]} unexpected={unexpected[:5]} "
+            f"shape mismatches={bad[:5]}")
+    wm.routers.load_state_dict(state)
+    wm.training_summary = meta.get("training", {})
+    return wm

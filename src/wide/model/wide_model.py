@@ -1,0 +1,194 @@
+"""WideModel: attaches WIDE routers to a Hugging Face decoder in place, through forward hooks.
+
+Per decoder layer:
+  input_layernorm  (forward hook)  -> attention router decides N_G = Hq / heads_per_group groups
+  self_attn.o_proj (pre-hook)      -> input rows of skipped groups are zeroed: their Q columns, heads
+                                      and O rows contribute nothing (K / V stay dense)
+  post_attention_layernorm (hook)  -> FFN router decides D' / G_ffn channel groups
+  mlp.down_proj    (pre-hook)      -> skipped channel groups zeroed: their gate/up columns and down
+                                      rows contribute nothing
+This masked-dense path is exact (it equals slicing the weights per token) and is the path used for
+training and evaluation; the routed kernels in `wide.kernels` skip the work for real.
+No weight is copied: the base model keeps its parameters, the routers live in `WideModel.routers`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn as nn
+
+from wide.accounting import FlopModel, SparsityMeter
+from wide.config import ModelDims, RoutingShape, WideConfig
+from wide.routing import EXECUTE, SKIP, Router, RoutingMode, hard_gumbel_execute, masked_mean
+
+SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+class UnsupportedModelError(ValueError):
+    """The model's architecture is not one WIDE knows how to route."""
+
+
+class LayerRouters(nn.Module):
+    def __init__(self, dims: ModelDims, shape: RoutingShape, config: WideConfig):
+        super().__init__()
+        s_attn = config.attn_sparsity if config.separate_targets else config.sparsity
+        s_ffn = config.ffn_sparsity if config.separate_targets else config.sparsity
+        self.attn = Router(dims.hidden, shape.attn_groups, config.router_rank, init_skip=s_attn)
+        self.ffn = Router(dims.hidden, shape.ffn_groups, config.router_rank, init_skip=s_ffn)
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder layers of a supported causal LM, or a clear error."""
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type not in SUPPORTED_FAMILIES:
+        raise UnsupportedModelError(
+            f"unsupported architecture {model_type!r}: WIDE routes {', '.join(SUPPORTED_FAMILIES)} models"
+        )
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None:
+        raise UnsupportedModelError(f"{type(model).__name__} has no model.layers; pass a *ForCausalLM model")
+    for i, layer in enumerate(layers):
+        for path in ("input_layernorm", "post_attention_layernorm", "self_attn.o_proj", "mlp.down_proj"):
+            try:
+                layer.get_submodule(path)
+            except AttributeError as e:
+                raise UnsupportedModelError(f"{model_type} layer {i} lacks {path}") from e
+    return layers
+
+
+class WideModel(nn.Module):
+    """A Hugging Face causal LM with WIDE routers attached in place.
+
+    After construction, calling either `wide_model(...)` or the base model itself runs routed.
+    `mode`: "argmax" (inference, default), "gumbel" (training), "dense" (routers bypassed).
+    """
+
+    def __init__(self, model: nn.Module, config: WideConfig, *, base_model_id: str | None = None):
+        super().__init__()
+        layers = decoder_layers(model)
+        self.model = model
+        self.config = config
+        self.dims = ModelDims.from_hf_config(model.config)
+        self.shape = config.routing_shape(self.dims)
+        self.base_model_id = base_model_id or getattr(model.config, "wide_model_id", None) or getattr(
+            model.config, "_name_or_path", "unknown")
+        device = next(model.parameters()).device
+        self.routers = nn.ModuleList(LayerRouters(self.dims, self.shape, config) for _ in layers).to(device)
+        self.mode: RoutingMode = "argmax"
+        self.tau = config.tau_start
+        self.meter = SparsityMeter(FlopModel(self.dims, self.shape, config.router_rank), device)
+        self.metering = False
+        self.token_mask: torch.Tensor | None = None  # [B, T] bool: real tokens of the current batch
+        self.last_masks: list[dict[str, torch.Tensor]] = [{} for _ in layers]  # execute masks [B, T, N_G]
+        self._handles: list = []
+        self._attach(layers)
+
+    # ------------------------------------------------------------------ hooks
+    def _attach(self, layers: nn.ModuleList) -> None:
+        for i, layer in enumerate(layers):
+            self._handles += [
+                layer.input_layernorm.register_forward_hook(self._router_hook(i, "attn")),
+                layer.self_attn.o_proj.register_forward_pre_hook(self._mask_hook(i, "attn")),
+                layer.post_attention_layernorm.register_forward_hook(self._router_hook(i, "ffn")),
+                layer.mlp.down_proj.register_forward_pre_hook(self._mask_hook(i, "ffn")),
+            ]
+
+    def detach(self) -> None:
+        """Remove the hooks: the base model runs dense again."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def _router_hook(self, layer: int, kind: str):
+        def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+            if self.mode == "dense":
+                return
+            x = output if self.config.router_input == "normed" else args[0]  # x: [B, T, D]
+            router = getattr(self.routers[layer], kind)
+            logits = router.logits(x)  # [B, T, N_G, 2]
+            argmax_exec = logits[..., SKIP] <= logits[..., EXECUTE]  # [B, T, N_G] bool
+            if self.mode == "gumbel":
+                exec_mask = hard_gumbel_execute(logits, self.tau)  # {0., 1.} with ST gradient
+                self.last_masks[layer][kind + "_argmax"] = argmax_exec
+                self.last_masks[layer][kind + "_logits"] = logits
+            else:
+                exec_mask = argmax_exec
+            self.last_masks[layer][kind] = exec_mask
+            if self.metering:
+                self.meter.record(layer, kind, exec_mask)
+
+        return hook
+
+    def _mask_hook(self, layer: int, kind: str):
+        width = self.shape.attn_heads_per_group * self.dims.head_dim if kind == "attn" else (
+            self.shape.ffn_group_size)
+
+        def hook(module: nn.Module, args: tuple):
+            if self.mode == "dense":
+                return None
+            h = args[0]  # h: [B, T, N_G * width]
+            m = self.last_masks[layer][kind]  # [B, T, N_G]
+            gate = m.to(h.dtype).repeat_interleave(width, dim=-1)  # [B, T, N_G * width]
+            return (h * gate,) + tuple(args[1:])
+
+        return hook
+
+    # ------------------------------------------------------------------ running
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):
+        """Run the routed model; padding (attention_mask == 0) is excluded from skip rates."""
+        self.token_mask = None if attention_mask is None else attention_mask.bool()
+        self.meter.set_token_mask(self.token_mask)
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+
+    def skip_rates(self, which: str = "") -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-layer skip rates [L] (attention, FFN) of the last forward over real tokens.
+
+        which="" gives the rates of the masks actually applied (differentiable, straight-through, in
+        gumbel mode); which="_argmax" the rates argmax routing would have reached on the same input."""
+        def rates(kind: str) -> torch.Tensor:
+            return torch.stack([1 - masked_mean(m[kind + which].float(), self.token_mask)
+                                for m in self.last_masks])
+
+        return rates("attn"), rates("ffn")
+
+    @contextmanager
+    def routing(self, mode: RoutingMode, tau: float | None = None) -> Iterator[WideModel]:
+        """Temporarily switch the routing mode (and temperature)."""
+        old = (self.mode, self.tau)
+        self.mode, self.tau = mode, self.tau if tau is None else tau
+        try:
+            yield self
+        finally:
+            self.mode, self.tau = old
+
+    def start_meter(self) -> SparsityMeter:
+        """Reset and enable the sparsity meter for the forwards that follow."""
+        self.meter.reset()
+        self.metering = True
+        return self.meter
+
+    def stop_meter(self) -> dict:
+        self.metering = False
+        return self.meter.summary()
+
+    def router_parameters(self) -> Iterator[nn.Parameter]:
+        return self.routers.parameters()
+
+    def freeze_base(self) -> None:
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+
+    # --------------------------------------------------------------- checkpoints
+    def save(self, out_dir: str, training: dict | None = None) -> None:
+        from wide.model.checkpoint import save_routers
+
+        save_routers(self, out_dir, training=training)
+
+    @classmethod
+    def from_pretrained(cls, model: nn.Module, routers_dir: str, *, strict_base: bool = True) -> WideModel:
+        from wide.model.checkpoint import load_routers
+
+        return load_routers(model, routers_dir, strict_base=strict_base)

@@ -1,0 +1,255 @@
+"""Stage 1: router calibration on a frozen backbone (paper §3.2).
+
+loss = L_LM + sparsity loss (eq. 6 or 22); AdamW (no decay on biases), 10% warm-up + cosine,
+gradient accumulation, clipping, τ annealed per optimizer step. Checkpoints are written atomically
+every `save_every` steps and `resume=True` continues bit-for-bit (routers, optimizer, scheduler, τ,
+step, data position, RNG). After the last step the per-router skip offsets are fitted so that
+argmax routing skips at the rate the model was trained under (Gumbel-time rate), closing the
+Gumbel/argmax gap.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from wide.config import WideConfig
+from wide.model.checkpoint import atomic_write_bytes, save_routers
+from wide.model.wide_model import WideModel
+from wide.routing import SKIP, fit_skip_bias, sparsity_loss
+
+STATE_NAME = "trainer_state.pt"
+LATEST = "latest"
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 2000
+    batch_size: int = 16
+    grad_accum: int = 1
+    seq_len: int = 2048
+    lr: float = 2e-3
+    weight_decay: float = 0.01
+    warmup_frac: float = 0.1
+    max_grad_norm: float = 1.0
+    log_every: int = 10
+    save_every: int = 200
+    keep_checkpoints: int = 1
+    fit_skip_bias: bool = True
+    fit_batches: int = 4
+    data_mode: str = "packed"
+    seed: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "grad_accum", "seq_len", "log_every", "save_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+def autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """bf16 autocast on GPU, none (fp32) on CPU."""
+    return torch.bfloat16 if device.type == "cuda" else None
+
+
+def build_optimizer(wm: WideModel, tc: TrainConfig) -> torch.optim.Optimizer:
+    decay, no_decay = [], []
+    for name, p in wm.routers.named_parameters():
+        (no_decay if name.endswith("bias") else decay).append(p)
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=tc.lr, betas=(0.9, 0.95))
+
+
+def warmup_cosine(total_steps: int, warmup_frac: float):
+    warm = max(1, int(round(total_steps * warmup_frac)))
+
+    def f(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        t = (step - warm) / max(1, total_steps - warm)
+        return 0.5 * (1 + math.cos(math.pi * min(t, 1.0)))
+
+    return f
+
+
+# ------------------------------------------------------------------------ RNG state
+def rng_state() -> dict:
+    s = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    if torch.cuda.is_available():
+        s["cuda"] = torch.cuda.get_rng_state_all()
+    return s
+
+
+def set_rng_state(s: dict) -> None:
+    torch.set_rng_state(s["torch"])
+    random.setstate(s["python"])
+    np.random.set_state(s["numpy"])
+    if "cuda" in s and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(s["cuda"])
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+# ---------------------------------------------------------------------- checkpoints
+def save_trainer_checkpoint(out: Path, step: int, wm: WideModel, opt, sched, order, tc: TrainConfig,
+                            log_state: dict) -> Path:
+    """Write checkpoint-{step}/ completely, then move the `latest` pointer to it (atomic), then prune.
+    A kill at any moment leaves `latest` naming a complete checkpoint."""
+    ckpt = out / f"checkpoint-{step}"
+    tmp = out / f".tmp-checkpoint-{step}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_routers(wm, tmp, training={"step": step, "partial": True})
+    state = {"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+             "data_order": order.state_dict(), "rng": rng_state(), "tau": wm.tau,
+             "train_config": asdict(tc), "log_state": log_state}
+    torch.save(state, tmp / STATE_NAME)
+    shutil.rmtree(ckpt, ignore_errors=True)
+    tmp.rename(ckpt)
+    atomic_write_bytes(out / LATEST, ckpt.name.encode())
+    olds = sorted((p for p in out.glob("checkpoint-*") if p != ckpt), key=lambda p: int(p.name.split("-")[1]))
+    for p in olds[: max(0, len(olds) - (tc.keep_checkpoints - 1))]:
+        shutil.rmtree(p, ignore_errors=True)
+    return ckpt
+
+
+def latest_checkpoint(out: Path) -> Path | None:
+    ptr = out / LATEST
+    if not ptr.is_file():
+        return None
+    ckpt = out / ptr.read_text().strip()
+    return ckpt if (ckpt / STATE_NAME).is_file() else None
+
+
+# ------------------------------------------------------------------- skip-bias fit
+@torch.no_grad()
+def fit_skip_biases(wm: WideModel, batches, device: torch.device) -> dict:
+    """Per router, set skip_bias so that the argmax skip rate equals the expected Gumbel-time skip rate
+    (mean softmax probability of class 'skip', which is exactly P(hard Gumbel sample = skip))."""
+    n_layers = len(wm.routers)
+    margins = {(i, k): [] for i in range(n_layers) for k in ("attn", "ffn")}
+    probs = {key: [] for key in margins}
+    for r in wm.routers:
+        r.attn.skip_bias.zero_()
+        r.ffn.skip_bias.zero_()
+    amp = autocast_dtype(device)
+    with wm.routing("gumbel"):
+        for batch in batches:
+            ids, am = batch["input_ids"].to(device), batch["attention_mask"].to(device)
+            with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+                wm(ids, attention_mask=am)
+            keep = am.bool()
+            for (i, k), lst in margins.items():
+                lg = wm.last_masks[i][k + "_logits"][keep]  # [N_tok, N_G, 2]
+                lst.append((lg[..., SKIP] - lg[..., 1 - SKIP]).flatten())
+                probs[(i, k)].append(lg.softmax(-1)[..., SKIP].flatten())
+    before, after = {}, {}
+    for (i, k), lst in margins.items():
+        m = torch.cat(lst)
+        target = float(torch.cat(probs[(i, k)]).mean())
+        before[f"{k}{i}"] = float((m > 0).float().mean())
+        delta = fit_skip_bias(m, target)
+        getattr(wm.routers[i], k).skip_bias.fill_(delta)
+        after[f"{k}{i}"] = float(((m + delta) > 0).float().mean())
+    return {"argmax_skip_before": before, "argmax_skip_after": after}
+
+
+# -------------------------------------------------------------------------- the loop
+def calibrate(wm: WideModel, dataset, tc: TrainConfig, out_dir: str | Path, *, resume: bool = False,
+              progress: bool = True) -> dict:
+    """Train the routers of wm on dataset (a wide.train.data.TokenDataset); write checkpoints and the
+    final routers into out_dir; return the training summary."""
+    from wide.train.data import DataOrder
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    device = next(wm.model.parameters()).device
+    cfg: WideConfig = wm.config
+    seed_everything(tc.seed)
+    wm.freeze_base()
+    wm.model.eval()  # no dropout in the frozen backbone
+    opt = build_optimizer(wm, tc)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(tc.steps, tc.warmup_frac))
+    order = DataOrder(len(dataset), tc.batch_size, seed=tc.seed)
+    start, log_state = 0, {"tokens": 0, "elapsed": 0.0}
+    if resume:
+        ckpt = latest_checkpoint(out)
+        if ckpt is None:
+            raise FileNotFoundError(f"--resume: no complete checkpoint in {out}")
+        from safetensors.torch import load_file
+
+        wm.routers.load_state_dict(load_file(str(ckpt / "routers.safetensors")))
+        st = torch.load(ckpt / STATE_NAME, weights_only=False)
+        if st["train_config"]["steps"] != tc.steps:
+            raise ValueError(f"--resume with steps={tc.steps} but the run was started with "
+                             f"{st['train_config']['steps']} (the schedule depends on it)")
+        opt.load_state_dict(st["optimizer"])
+        sched.load_state_dict(st["scheduler"])
+        order.load_state_dict(st["data_order"])
+        set_rng_state(st["rng"])
+        start, log_state = st["step"], st["log_state"]
+    amp = autocast_dtype(device)
+    log_path = out / "train_log.jsonl"
+    wm.mode = "gumbel"
+    bar = tqdm(total=tc.steps, initial=start, disable=not progress, desc="calibrate", dynamic_ncols=True)
+    t0 = time.perf_counter() - log_state["elapsed"]
+    for step in range(start, tc.steps):
+        wm.tau = cfg.tau_at(step, tc.steps)
+        stats = torch.zeros(6, device=device)  # loss, lm, attn, ffn, attn_argmax, ffn_argmax
+        for _ in range(tc.grad_accum):
+            batch = dataset.batch(order.next_batch())
+            ids, am = batch["input_ids"].to(device), batch["attention_mask"].to(device)
+            labels = batch["labels"].to(device)
+            with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+                lm = wm(ids, attention_mask=am, labels=labels).loss
+            a, f = wm.skip_rates()
+            loss = lm.float() + sparsity_loss(a, f, cfg)
+            (loss / tc.grad_accum).backward()
+            a_arg, f_arg = wm.skip_rates("_argmax")
+            stats += torch.stack([loss.detach(), lm.detach().float(), a.mean().detach(), f.mean().detach(),
+                                  a_arg.mean(), f_arg.mean()]) / tc.grad_accum
+            log_state["tokens"] += int(am.sum())
+        torch.nn.utils.clip_grad_norm_(wm.routers.parameters(), tc.max_grad_norm)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        bar.update(1)
+        done = step + 1
+        if done % tc.log_every == 0 or done == tc.steps:
+            s = stats.tolist()
+            elapsed = time.perf_counter() - t0
+            rec = {"step": done, "loss": s[0], "lm_loss": s[1], "attn_skip": s[2], "ffn_skip": s[3],
+                   "attn_skip_argmax": s[4], "ffn_skip_argmax": s[5], "tau": wm.tau,
+                   "lr": sched.get_last_lr()[0], "tokens": log_state["tokens"], "elapsed_s": elapsed,
+                   "tokens_per_s": log_state["tokens"] / max(elapsed, 1e-9)}
+            with open(log_path, "a") as fh:
+                fh.write(json.dumps(rec) + "\n")
+            bar.set_postfix(loss=f"{s[1]:.3f}", attn=f"{s[4]:.2f}", ffn=f"{s[5]:.2f}", tau=f"{wm.tau:.2f}")
+        if done % tc.save_every == 0 and done < tc.steps:
+            log_state["elapsed"] = time.perf_counter() - t0
+            save_trainer_checkpoint(out, done, wm, opt, sched, order, tc, log_state)
+    bar.close()
+    elapsed = time.perf_counter() - t0
+    summary = {"steps": tc.steps, "tokens": log_state["tokens"], "wall_time_s": elapsed,
+               "tokens_per_s": log_state["tokens"] / max(elapsed, 1e-9), "train_config": asdict(tc),
+               "device": str(device), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
+    if tc.fit_skip_bias:
+        fit_order = DataOrder(len(dataset), tc.batch_size, seed=tc.seed + 1)
+        batches = [dataset.batch(fit_order.next_batch()) for _ in range(tc.fit_batches)]
+        summary["skip_bias_fit"] = fit_skip_biases(wm, batches, device)
+    wm.mode = "argmax"
+    save_routers(wm, out, training=summary)
+    return summary

@@ -1,0 +1,41 @@
+"""Shared fixtures: tiny random decoders of every supported family; GPU tests skipped without CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def tiny_model(family: str = "llama", *, layers: int = 2, hidden: int = 64, heads: int = 4, kv: int = 2,
+               inter: int = 128, vocab: int = 101, seed: int = 0):
+    """A randomly initialised causal LM of the given family, fp32, eval mode."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    common = dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                  num_key_value_heads=kv, intermediate_size=inter, vocab_size=vocab,
+                  max_position_embeddings=256)
+    cls = {
+        "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
+        "mistral": (tf.MistralConfig, tf.MistralForCausalLM),
+        "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
+        "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM),
+    }[family]
+    extra = {"head_dim": hidden // heads} if family == "qwen3" else {}
+    model = cls[1](cls[0](**common, **extra)).eval()
+    model.config.wide_model_id = f"tiny-{family}"
+    return model
+
+
+@pytest.fixture
+def tiny_llama():
+    return tiny_model("llama")
