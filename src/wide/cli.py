@@ -6,7 +6,6 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -42,6 +41,7 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
                      seed=a.seed, fit_skip_bias=not a.no_fit_skip_bias)
     # Weights stay in the model dtype (bf16 on GPU); the routers are fp32 and autocast handles the rest.
     model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=device)
+    wm = WideModel(model, cfg)  # unsupported architectures and bad group sizes fail here, before data
     root = None
     try:
         root = data_dir(a.data_dir)
@@ -53,7 +53,6 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
         raise SystemExit("error: --data is required (no data root found for the default RedPajama sample)")
     ds = load_calibration_data(data, tok, seq_len=a.seq_len, mode=a.data_mode, data_root=root)
     print(f"calibration data: {len(ds)} sequences x {a.seq_len} tokens from {data}", file=sys.stderr)
-    wm = WideModel(model, cfg)
     summary = calibrate(wm, ds, tc, a.out, resume=a.resume)
     summary["data"] = str(data)
     print(json.dumps({k: v for k, v in summary.items() if k != "train_config"}, indent=1, default=str))

@@ -125,7 +125,11 @@ def test_masked_path_equals_weight_slicing_reference(family, attn_heads):
         torch.nn.init.normal_(r.ffn.up.weight, std=2.0)
     captured = {}
     layer1 = model.model.layers[1]
-    h_in = layer1.register_forward_pre_hook(lambda m, a, kw: captured.update(x=kw.get("hidden_states", a[0] if a else None), pe=kw["position_embeddings"]), with_kwargs=True)
+    def grab_in(module, args, kwargs):
+        captured.update(x=kwargs.get("hidden_states", args[0] if args else None),
+                        pe=kwargs["position_embeddings"])
+
+    h_in = layer1.register_forward_pre_hook(grab_in, with_kwargs=True)
     h_out = layer1.register_forward_hook(lambda m, a, o: captured.update(y=o[0] if isinstance(o, tuple) else o))
     ids = torch.randint(0, 101, (2, 6))
     with torch.no_grad():

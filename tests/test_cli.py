@@ -1,0 +1,65 @@
+"""The `wide` command end to end on a tiny local model (saved with a real tokenizer)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import tiny_model
+from wide.cli import main
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    from wide.model import smollm2_gguf_path
+
+    p = smollm2_gguf_path()
+    tok = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+    d = tmp_path_factory.mktemp("tiny")
+    model = tiny_model("llama", vocab=len(tok))
+    model.save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    f = tmp_path / "corpus.txt"
+    f.write_text(" ".join(f"The number {i} follows {i - 1} and precedes {i + 1}." for i in range(400)))
+    return f
+
+
+def test_calibrate_then_resume(tiny_dir, text_file, tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["calibrate", "--model", str(tiny_dir), "--data", str(text_file), "--steps", "4", "--seq-len", "32",
+            "--batch-size", "2", "--ffn-group-size", "16", "--router-rank", "8", "--sparsity", "0.3",
+            "--save-every", "2", "--out", str(out), "--device", "cpu"]
+    assert main(args) == 0
+    meta = json.loads((out / "wide_config.json").read_text())
+    assert meta["base_model"] == str(tiny_dir) and meta["config"]["sparsity"] == 0.3
+    assert meta["training"]["steps"] == 4 and (out / "routers.safetensors").is_file()
+    assert main(args + ["--resume"]) == 0  # continues from checkpoint-2 to step 4 again
+
+
+def test_cli_errors_are_clear(tiny_dir, tmp_path, capsys):
+    rc = main(["calibrate", "--model", str(tiny_dir), "--data", str(tmp_path / "missing.jsonl"),
+               "--steps", "1", "--out", str(tmp_path / "o"), "--device", "cpu"])
+    assert rc == 2 and "missing.jsonl" in capsys.readouterr().err
+    rc = main(["calibrate", "--model", str(tiny_dir), "--data", str(tmp_path), "--ffn-group-size", "24",
+               "--steps", "1", "--out", str(tmp_path / "o"), "--device", "cpu"])
+    assert rc == 2 and "power of two" in capsys.readouterr().err
+
+
+def test_unsupported_family_via_cli(tiny_dir, tmp_path, capsys):
+    import transformers as tf
+    from transformers import AutoTokenizer
+
+    d = tmp_path / "gpt2"
+    tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=50)).save_pretrained(d)
+    AutoTokenizer.from_pretrained(tiny_dir).save_pretrained(d)
+    rc = main(["calibrate", "--model", str(d), "--data", str(tmp_path), "--steps", "1", "--out",
+               str(tmp_path / "o"), "--device", "cpu"])
+    assert rc == 2 and "unsupported architecture 'gpt2'" in capsys.readouterr().err
