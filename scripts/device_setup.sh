@@ -10,9 +10,10 @@ if [ ! -f "$G" ] && [ -f .device-carry/smol.part.ab ] && [ -f "$C/smol.part.aa" 
   cat "$C/smol.part.aa" .device-carry/smol.part.ab > "$G"
   echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  $G" | sha256sum -c || rm -f "$G"
 fi
-for d in .device-carry/whl .device-carry/evalwhl; do
-  [ -d "$d" ] && python3 -m pip install -q --no-index --no-deps --no-compile --target "$C/site" "$d"/*.whl 2>&1 | grep -v WARN
-done
+# evalwhl (lm-eval and the pure-python packages the GPU image lacks) already holds gguf; else whl.
+W=.device-carry/evalwhl; [ -d "$W" ] || W=.device-carry/whl
+[ -d "$W" ] && [ ! -d "$C/site/gguf" -o ! -d "$C/site/lm_eval" ] && \
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$C/site" "$W"/*.whl 2>&1 | grep -v WARN
 [ -f .device-carry/data.tar.xz ] && [ ! -d "$C/data" ] && tar -xJf .device-carry/data.tar.xz -C "$C"
 export WIDE_SMOLLM2_GGUF=$G WIDE_DATA=$C/data WIDE_CACHE=$C
 export PYTHONPATH=$PWD/src:$C/site:${PYTHONPATH:-}

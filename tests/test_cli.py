@@ -63,3 +63,18 @@ def test_unsupported_family_via_cli(tiny_dir, tmp_path, capsys):
     rc = main(["calibrate", "--model", str(d), "--data", str(tmp_path), "--steps", "1", "--out",
                str(tmp_path / "o"), "--device", "cpu"])
     assert rc == 2 and "unsupported architecture 'gpt2'" in capsys.readouterr().err
+
+
+def test_eval_command_writes_json_and_table(tiny_dir, text_file, tmp_path):
+    out = tmp_path / "run"
+    assert main(["calibrate", "--model", str(tiny_dir), "--data", str(text_file), "--steps", "2", "--seq-len",
+                 "32", "--batch-size", "2", "--ffn-group-size", "16", "--router-rank", "8", "--out", str(out),
+                 "--device", "cpu"]) == 0
+    res = tmp_path / "eval"
+    assert main(["eval", "--model", str(tiny_dir), "--routers", str(out), "--tasks", "wikitext,arc_easy",
+                 "--limit", "2", "--max-length", "128", "--batch-size", "2", "--device", "cpu",
+                 "--dtype", "fp32", "--out", str(res)]) == 0
+    data = json.loads((tmp_path / "eval.json").read_text())
+    text = json.dumps(data)
+    assert "attn_sparsity" in text and "word_perplexity" in text and "arc_easy" in text
+    assert (tmp_path / "eval.md").is_file()

@@ -59,6 +59,30 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------ finetune
+def cmd_finetune(a: argparse.Namespace) -> int:
+    from wide.model import load_model, load_routers
+    from wide.paths import data_dir
+    from wide.train.calibrate import TrainConfig, calibrate
+    from wide.train.data import load_calibration_data
+    from wide.train.lora import apply_lora
+
+    device = _device(a.device)
+    model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=device)
+    adapter = apply_lora(model, r=a.lora_r, alpha=a.lora_alpha, dropout=a.lora_dropout)
+    wm = load_routers(model, a.routers)  # hooks go on the LoRA-wrapped modules
+    tc = TrainConfig(steps=a.steps, batch_size=a.batch_size, grad_accum=a.grad_accum, seq_len=a.seq_len,
+                     lr=a.lr, save_every=a.save_every, log_every=a.log_every, seed=a.seed)
+    root = data_dir(a.data_dir) if (a.data_dir or not a.data) else None
+    data = a.data or str(root / "redpajama" / "sample_redpajama")
+    ds = load_calibration_data(data, tok, seq_len=a.seq_len, data_root=root)
+    summary = calibrate(wm, ds, tc, a.out, resume=a.resume, adapter=adapter)
+    summary["data"], summary["stage1_routers"] = str(data), str(a.routers)
+    print(json.dumps({k: v for k, v in summary.items() if k not in ("train_config", "skip_bias_fit")},
+                     indent=1, default=str))
+    return 0
+
+
 # ---------------------------------------------------------------------------- eval
 def cmd_eval(a: argparse.Namespace) -> int:
     from wide.eval.runner import run_eval
@@ -129,6 +153,28 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", required=True, help="output directory (checkpoints, log, final routers)")
     c.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     c.set_defaults(func=cmd_calibrate)
+
+    f = sub.add_parser("finetune", help="stage 2: LoRA recovery together with stage-1 routers")
+    f.add_argument("--model", default="smollm2-135m")
+    f.add_argument("--routers", required=True, help="stage-1 router checkpoint directory")
+    f.add_argument("--data")
+    f.add_argument("--data-dir")
+    f.add_argument("--lora-r", type=int, default=16)
+    f.add_argument("--lora-alpha", type=int, default=32)
+    f.add_argument("--lora-dropout", type=float, default=0.1)
+    f.add_argument("--steps", type=int, default=2000)
+    f.add_argument("--seq-len", type=int, default=2048)
+    f.add_argument("--batch-size", type=int, default=16)
+    f.add_argument("--grad-accum", type=int, default=1)
+    f.add_argument("--lr", type=float, default=2e-4)
+    f.add_argument("--save-every", type=int, default=200)
+    f.add_argument("--log-every", type=int, default=10)
+    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--dtype", default="auto")
+    f.add_argument("--device")
+    f.add_argument("--out", required=True, help="output: routers + LoRA adapter (peft format)")
+    f.add_argument("--resume", action="store_true")
+    f.set_defaults(func=cmd_finetune)
 
     e = sub.add_parser("eval", help="WikiText-2 perplexity and zero-shot tasks, dense vs routed")
     e.add_argument("--model", default="smollm2-135m")

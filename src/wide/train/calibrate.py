@@ -61,9 +61,17 @@ def autocast_dtype(device: torch.device) -> torch.dtype | None:
     return torch.bfloat16 if device.type == "cuda" else None
 
 
-def build_optimizer(wm: WideModel, tc: TrainConfig) -> torch.optim.Optimizer:
+def trainable_parameters(wm: WideModel, adapter=None) -> dict[str, torch.nn.Parameter]:
+    """Routers, plus the LoRA parameters of `adapter` (a peft model wrapping wm.model) in stage 2."""
+    params = {f"routers.{n}": p for n, p in wm.routers.named_parameters()}
+    if adapter is not None:
+        params.update({n: p for n, p in wm.model.named_parameters() if "lora_" in n})
+    return params
+
+
+def build_optimizer(params: dict[str, torch.nn.Parameter], tc: TrainConfig) -> torch.optim.Optimizer:
     decay, no_decay = [], []
-    for name, p in wm.routers.named_parameters():
+    for name, p in params.items():
         (no_decay if name.endswith("bias") else decay).append(p)
     return torch.optim.AdamW(
         [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
@@ -105,14 +113,21 @@ def seed_everything(seed: int) -> None:
 
 
 # ---------------------------------------------------------------------- checkpoints
+def save_trainable(wm: WideModel, out: Path, adapter=None, training: dict | None = None) -> None:
+    """Routers (wide_config.json + routers.safetensors) and, in stage 2, the LoRA adapter (peft format)."""
+    save_routers(wm, out, training=training)
+    if adapter is not None:
+        adapter.save_pretrained(str(out))
+
+
 def save_trainer_checkpoint(out: Path, step: int, wm: WideModel, opt, sched, order, tc: TrainConfig,
-                            log_state: dict) -> Path:
+                            log_state: dict, adapter=None) -> Path:
     """Write checkpoint-{step}/ completely, then move the `latest` pointer to it (atomic), then prune.
     A kill at any moment leaves `latest` naming a complete checkpoint."""
     ckpt = out / f"checkpoint-{step}"
     tmp = out / f".tmp-checkpoint-{step}"
     shutil.rmtree(tmp, ignore_errors=True)
-    save_routers(wm, tmp, training={"step": step, "partial": True})
+    save_trainable(wm, tmp, adapter, training={"step": step, "partial": True})
     state = {"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
              "data_order": order.state_dict(), "rng": rng_state(), "tau": wm.tau,
              "train_config": asdict(tc), "log_state": log_state}
@@ -169,9 +184,12 @@ def fit_skip_biases(wm: WideModel, batches, device: torch.device) -> dict:
 
 # -------------------------------------------------------------------------- the loop
 def calibrate(wm: WideModel, dataset, tc: TrainConfig, out_dir: str | Path, *, resume: bool = False,
-              progress: bool = True) -> dict:
+              progress: bool = True, adapter=None) -> dict:
     """Train the routers of wm on dataset (a wide.train.data.TokenDataset); write checkpoints and the
-    final routers into out_dir; return the training summary."""
+    final routers into out_dir; return the training summary.
+
+    adapter: stage 2 (LoRA recovery) — a peft model whose LoRA layers were injected into wm.model
+    before the routers were attached; its LoRA parameters train together with the routers."""
     from wide.train.data import DataOrder
 
     out = Path(out_dir)
@@ -180,8 +198,11 @@ def calibrate(wm: WideModel, dataset, tc: TrainConfig, out_dir: str | Path, *, r
     cfg: WideConfig = wm.config
     seed_everything(tc.seed)
     wm.freeze_base()
-    wm.model.eval()  # no dropout in the frozen backbone
-    opt = build_optimizer(wm, tc)
+    params = trainable_parameters(wm, adapter)
+    for p in params.values():
+        p.requires_grad_(True)
+    wm.model.train(adapter is not None)  # stage 1: no dropout at all; stage 2: LoRA dropout on
+    opt = build_optimizer(params, tc)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(tc.steps, tc.warmup_frac))
     order = DataOrder(len(dataset), tc.batch_size, seed=tc.seed)
     start, log_state = 0, {"tokens": 0, "elapsed": 0.0}
@@ -192,6 +213,10 @@ def calibrate(wm: WideModel, dataset, tc: TrainConfig, out_dir: str | Path, *, r
         from safetensors.torch import load_file
 
         wm.routers.load_state_dict(load_file(str(ckpt / "routers.safetensors")))
+        if adapter is not None:
+            from peft import set_peft_model_state_dict
+
+            set_peft_model_state_dict(adapter, load_file(str(ckpt / "adapter_model.safetensors")))
         st = torch.load(ckpt / STATE_NAME, weights_only=False)
         if st["train_config"]["steps"] != tc.steps:
             raise ValueError(f"--resume with steps={tc.steps} but the run was started with "
@@ -222,7 +247,7 @@ def calibrate(wm: WideModel, dataset, tc: TrainConfig, out_dir: str | Path, *, r
             stats += torch.stack([loss.detach(), lm.detach().float(), a.mean().detach(), f.mean().detach(),
                                   a_arg.mean(), f_arg.mean()]) / tc.grad_accum
             log_state["tokens"] += int(am.sum())
-        torch.nn.utils.clip_grad_norm_(wm.routers.parameters(), tc.max_grad_norm)
+        torch.nn.utils.clip_grad_norm_(list(params.values()), tc.max_grad_norm)
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
@@ -240,16 +265,18 @@ def calibrate(wm: WideModel, dataset, tc: TrainConfig, out_dir: str | Path, *, r
             bar.set_postfix(loss=f"{s[1]:.3f}", attn=f"{s[4]:.2f}", ffn=f"{s[5]:.2f}", tau=f"{wm.tau:.2f}")
         if done % tc.save_every == 0 and done < tc.steps:
             log_state["elapsed"] = time.perf_counter() - t0
-            save_trainer_checkpoint(out, done, wm, opt, sched, order, tc, log_state)
+            save_trainer_checkpoint(out, done, wm, opt, sched, order, tc, log_state, adapter)
     bar.close()
     elapsed = time.perf_counter() - t0
     summary = {"steps": tc.steps, "tokens": log_state["tokens"], "wall_time_s": elapsed,
                "tokens_per_s": log_state["tokens"] / max(elapsed, 1e-9), "train_config": asdict(tc),
                "device": str(device), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
+    wm.model.eval()
     if tc.fit_skip_bias:
         fit_order = DataOrder(len(dataset), tc.batch_size, seed=tc.seed + 1)
         batches = [dataset.batch(fit_order.next_batch()) for _ in range(tc.fit_batches)]
         summary["skip_bias_fit"] = fit_skip_biases(wm, batches, device)
     wm.mode = "argmax"
-    save_routers(wm, out, training=summary)
+    summary["stage"] = "lora" if adapter is not None else "calibration"
+    save_trainable(wm, out, adapter, training=summary)
     return summary

@@ -1,0 +1,94 @@
+"""`run_eval` end to end on a tiny random Llama, the `wide` lm-eval model type, and error messages."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+import wide.eval  # noqa: F401  (registers the lm-eval model type)
+
+
+def test_registered():
+    from lm_eval.api.registry import get_model
+
+    from wide.eval.lm_eval_model import WideLM
+
+    assert get_model("wide") is WideLM
+    assert get_model("hf").__name__ == "HFLM"  # lm-eval's own types still resolve
+
+
+def test_padding_excluded_from_sparsity(data_root, tiny_dir, tiny_routers, tmp_path):
+    """Real-token counts and skip rates do not depend on how HFLM pads batches."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    from wide.eval.tasks import write_task_dir
+
+    tm = TaskManager(include_path=str(write_task_dir(["piqa"], out_dir=tmp_path)), include_defaults=False)
+    out = []
+    for bs in (1, 4):
+        res = simple_evaluate(
+            model="wide",
+            model_args=f"pretrained={tiny_dir},routers={tiny_routers},device=cpu",
+            tasks=["offline_piqa"],
+            limit=3,
+            batch_size=bs,
+            task_manager=tm,
+            bootstrap_iters=0,
+        )
+        out.append(res["config"]["wide_sparsity"])
+    a, b = out
+    assert a["tokens"] == b["tokens"] > 0
+    for k in ("attn_sparsity", "ffn_sparsity", "flop_saving"):
+        assert math.isclose(a[k], b[k], rel_tol=1e-9), k
+    assert 0.05 < a["attn_sparsity"] < 0.95 and 0.05 < a["ffn_sparsity"] < 0.95
+
+
+def test_run_eval_end_to_end(data_root, tiny_dir, tiny_routers, tmp_path):
+    from wide.eval.runner import run_eval
+
+    res = run_eval(
+        str(tiny_dir),
+        [str(tiny_routers)],
+        "all",
+        limit=2,
+        batch_size=8,
+        max_length=256,
+        device="cpu",
+        out=str(tmp_path / "res"),
+    )
+    assert set(res["rows"]) == {"dense", str(tiny_routers)}
+    dense, routed = res["rows"]["dense"], res["rows"][str(tiny_routers)]
+    assert len(dense["tasks"]) == 7 and dense["retention"] == 1.0
+    assert routed["sparsity"]["all"]["attn_sparsity"] > 0
+    for row in (dense, routed):
+        assert row["wikitext"]["lm_eval_rel_diff"] < 1e-4
+    assert routed["wikitext"]["word_perplexity"] != dense["wikitext"]["word_perplexity"]
+    md = (tmp_path / "res.md").read_text()
+    assert "| Model | Real sparsity (attn/ffn) | WikiText2 | ARC-E | ARC-C | BoolQ | WinoGrande | PIQA" in md
+    rows = [ln for ln in md.splitlines() if ln.startswith("| ")]
+    assert len(rows) == 3 and rows[1].startswith("| Dense |")  # header, Dense, one checkpoint
+    assert json.loads((tmp_path / "res.json").read_text())["settings"]["max_length"] == 256
+
+
+def test_errors(data_root, tiny_dir, tmp_path, monkeypatch, make_ckpt):
+    from wide.eval.runner import run_eval
+    from wide.eval.tasks import UnknownTaskError
+    from wide.model import CheckpointMismatchError
+
+    with pytest.raises(UnknownTaskError, match="valid tasks"):
+        run_eval(str(tiny_dir), [], ["arc_easy", "mmlu"], device="cpu")
+    (tmp_path / "data").mkdir()
+    with pytest.raises(FileNotFoundError, match="arc_easy/ARC-Easy-Test.jsonl"):
+        run_eval(str(tiny_dir), [], ["arc_easy"], data_dir=str(tmp_path / "data"), device="cpu")
+    monkeypatch.setenv("WIDE_DATA", str(tmp_path / "nowhere"))
+    with pytest.raises(FileNotFoundError, match="WIDE_DATA"):
+        run_eval(str(tiny_dir), [], ["boolq"], device="cpu")
+    monkeypatch.setenv("WIDE_DATA", str(data_root))
+    other = make_ckpt(tiny_dir, tmp_path / "other", base_model="some/other-model")
+    with pytest.raises(CheckpointMismatchError, match="other-model"):
+        run_eval(str(tiny_dir), [str(other)], ["boolq"], limit=1, device="cpu", dense=False)
+    with pytest.raises(FileNotFoundError, match="router checkpoint"):
+        run_eval(str(tiny_dir), [str(tmp_path / "missing")], ["boolq"], device="cpu")
