@@ -78,3 +78,15 @@ def test_eval_command_writes_json_and_table(tiny_dir, text_file, tmp_path):
     text = json.dumps(data)
     assert "attn_sparsity" in text and "word_perplexity" in text and "arc_easy" in text
     assert (tmp_path / "eval.md").is_file()
+
+
+def test_viz_writes_plots(tiny_dir, text_file, tmp_path):
+    out = tmp_path / "run"
+    assert main(["calibrate", "--model", str(tiny_dir), "--data", str(text_file), "--steps", "2", "--seq-len",
+                 "32", "--batch-size", "2", "--ffn-group-size", "16", "--router-rank", "8", "--out", str(out),
+                 "--device", "cpu"]) == 0
+    plots = tmp_path / "plots"
+    assert main(["viz", "--model", str(tiny_dir), "--routers", str(out), "--max-tokens", "256", "--out",
+                 str(plots), "--device", "cpu"]) == 0
+    for name in ("layer_sparsity.png", "token_routing.png", "training.png", "layer_sparsity.json"):
+        assert (plots / name).stat().st_size > 0, name

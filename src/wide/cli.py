@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -105,6 +106,33 @@ def cmd_demo(a: argparse.Namespace) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- viz
+def cmd_viz(a: argparse.Namespace) -> int:
+    from wide import viz
+    from wide.eval.perplexity import wikitext_perplexity
+    from wide.model import load_model, load_routers
+
+    device = _device(a.device)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=device)
+    wm = load_routers(model, a.routers)
+    wm.start_meter()
+    wikitext_perplexity(model, tok, data_dir=a.data_dir, max_tokens=a.max_tokens, max_length=2048,
+                        batch_size=1, device=device, meter=wm.meter)
+    summary = wm.stop_meter()
+    made = [viz.plot_layer_profile(summary["per_layer"], out / "layer_sparsity.png",
+                                   f"skip rate per layer on WikiText-2 ({summary['tokens']} tokens)")]
+    toks, ffn, attn = viz.token_routing(wm, tok, a.text)
+    made.append(viz.plot_token_map(toks, ffn, attn, out / "token_routing.png"))
+    log = Path(a.routers) / "train_log.jsonl"
+    if log.is_file():
+        made.append(viz.plot_training(log, out / "training.png", target=wm.config.sparsity))
+    (out / "layer_sparsity.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print("\n".join(str(m) for m in made))
+    return 0
+
+
 # ---------------------------------------------------------------------------- bench
 def cmd_bench(a: argparse.Namespace) -> int:
     if a.what == "kernels":
@@ -197,6 +225,17 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--prompt", default="The history of the city begins")
     d.add_argument("--device")
     d.set_defaults(func=cmd_demo)
+
+    v = sub.add_parser("viz", help="routing plots: per-layer sparsity, token routing map, training curves")
+    v.add_argument("--model", default="smollm2-135m")
+    v.add_argument("--routers", required=True)
+    v.add_argument("--text", default="A boy is running on the track while the crowd cheers for him.")
+    v.add_argument("--max-tokens", type=int, default=4096, help="WikiText-2 tokens for the layer profile")
+    v.add_argument("--data-dir")
+    v.add_argument("--dtype", default="auto")
+    v.add_argument("--device")
+    v.add_argument("--out", default="plots")
+    v.set_defaults(func=cmd_viz)
 
     b = sub.add_parser("bench", help="GPU benchmarks")
     b.add_argument("what", choices=["kernels"])
