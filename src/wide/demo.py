@@ -10,15 +10,17 @@ import torch
 
 from wide.model import SMOLLM2, WideModel, load_model, load_routers
 
-SHIPPED = Path(__file__).resolve().parents[2] / "checkpoints" / "smollm2-135m-s50"
+CHECKPOINTS = Path(__file__).resolve().parents[2] / "checkpoints"
+SHIPPED = ("smollm2-135m-s25", "smollm2-135m-s50")
 
 
-def shipped_routers() -> Path:
-    """The 50% router checkpoint this project ships for SmolLM2-135M (made on the H200)."""
-    if not (SHIPPED / "wide_config.json").is_file():
+def shipped_routers() -> list[Path]:
+    """The 25% and 50% router checkpoints this project ships for SmolLM2-135M (made on the H200)."""
+    found = [CHECKPOINTS / n for n in SHIPPED if (CHECKPOINTS / n / "wide_config.json").is_file()]
+    if not found:
         raise FileNotFoundError(
-            f"no shipped routers at {SHIPPED}; pass --routers DIR or run `wide demo --calibrate`")
-    return SHIPPED
+            f"no shipped routers under {CHECKPOINTS}; pass --routers DIR or run `wide demo --calibrate`")
+    return found
 
 
 def _short_calibration(model, tokenizer, data_dir: str | None, out: Path) -> Path:
@@ -55,7 +57,7 @@ def run_demo(*, routers: str | None = None, calibrate: bool = False, data_dir: s
              max_tokens: int = 8192, prompt: str = "The history of the city begins",
              device: str | None = None) -> dict:
     """Print dense vs WIDE perplexity on a WikiText-2 slice, the real sparsity and FLOP saving, and a
-    greedy continuation from both models. Returns the numbers."""
+    greedy continuation from each model. Returns the numbers."""
     from wide.eval.perplexity import wikitext_perplexity
 
     dev = torch.device(device or "cpu")
@@ -63,29 +65,32 @@ def run_demo(*, routers: str | None = None, calibrate: bool = False, data_dir: s
     model, tok = load_model(SMOLLM2, dtype=torch.float32, device=dev)
     if calibrate:
         routers = str(_short_calibration(model, tok, data_dir, Path(tempfile.mkdtemp(prefix="wide-demo-"))))
-    ckpt = Path(routers) if routers else shipped_routers()
-    print(f"model: SmolLM2-135M (embedded GGUF, fp32, {dev}); routers: {ckpt}")
+    ckpts = [Path(routers)] if routers else shipped_routers()
+    print(f"model: SmolLM2-135M (embedded GGUF, fp32, {dev}); routers: {', '.join(map(str, ckpts))}")
     print(f"WikiText-2 test, first {max_tokens} tokens only (a CPU slice; the README's numbers are the "
           f"full set on the H200)")
-    dense = wikitext_perplexity(model, tok, data_dir=data_dir, max_tokens=max_tokens, max_length=2048,
-                                batch_size=1, device=dev)
-    dense_text = _continue(model, tok, prompt)
-    wm = load_routers(model, ckpt)
-    wm.start_meter()
-    wide = wikitext_perplexity(model, tok, data_dir=data_dir, max_tokens=max_tokens, max_length=2048,
-                               batch_size=1, device=dev, meter=wm.meter)
-    sp = wm.stop_meter()
-    wide_text = _continue(model, tok, prompt)
-    target = wm.config.sparsity if not wm.config.separate_targets else (
-        f"{wm.config.attn_sparsity}/{wm.config.ffn_sparsity}")
+
+    def ppl(meter=None) -> dict:
+        return wikitext_perplexity(model, tok, data_dir=data_dir, max_tokens=max_tokens, max_length=2048,
+                                   batch_size=1, device=dev, meter=meter)
+
+    results = {"dense": {"ppl": ppl(), "text": _continue(model, tok, prompt)}}
+    for ckpt in ckpts:
+        wm = load_routers(model, ckpt)
+        wm.start_meter()
+        r = ppl(wm.meter)
+        results[ckpt.name] = {"ppl": r, "sparsity": wm.stop_meter(), "text": _continue(model, tok, prompt),
+                              "target": wm.config.sparsity}
+        wm.detach()
     print()
-    print(f"  dense        {_fmt_ppl(dense)}")
-    print(f"  WIDE (S={target})  {_fmt_ppl(wide)}")
-    print(f"  real sparsity: attention {sp['attn_sparsity']:.1%}, FFN {sp['ffn_sparsity']:.1%}; "
-          f"FLOPs removed {sp['flop_saving']:.1%} (K/V, lm_head, routers counted) over {sp['tokens']} tokens")
+    print(f"  {'dense':<26} {_fmt_ppl(results['dense']['ppl'])}")
+    for name, r in list(results.items())[1:]:
+        sp = r["sparsity"]
+        print(f"  {name + ' (S=' + format(r['target'], '.0%') + ')':<26} {_fmt_ppl(r['ppl'])} | real sparsity "
+              f"attn {sp['attn_sparsity']:.1%} / FFN {sp['ffn_sparsity']:.1%} | FLOPs removed {sp['flop_saving']:.1%}")
+    print("  (FLOPs removed counts the dense K/V projections, attention scores, lm_head and the routers)")
     print(f"\n  prompt: {prompt!r}")
-    print(f"  dense : {dense_text!r}")
-    print(f"  WIDE  : {wide_text!r}")
+    for name, r in results.items():
+        print(f"  {name:<18}: {r['text']!r}")
     print(f"\n({time.time() - t0:.0f}s)")
-    wm.detach()
-    return {"dense": dense, "wide": wide, "sparsity": sp, "dense_text": dense_text, "wide_text": wide_text}
+    return results
