@@ -31,7 +31,8 @@ def main() -> None:
     md = ["| target | steps × batch × seq | wall (s) | tokens/s | real attn / FFN sparsity (argmax) | "
           "FLOPs removed | WikiText-2 word ppl | token ppl (× dense) | argmax skip before → after threshold fit |",
           "|---|---|---|---|---|---|---|---|---|",
-          f"| dense | – | – | – | – | – | {dense['word_perplexity']:.2f} | {dense['token_perplexity']:.2f} (1.00) | – |"]
+          f"| dense | – | – | – | – | – | {dense['word_perplexity']:.2f} | "
+          f"{dense['token_perplexity']:.2f} (1.00) | – |"]
     for name in ("s25", "s50"):
         meta = json.loads((ROOT / "checkpoints" / f"smollm2-135m-{name}" / "wide_config.json").read_text())
         tr, cfg = meta["training"], meta["config"]

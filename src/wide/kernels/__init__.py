@@ -1,1 +1,41 @@
+"""Routed kernels (Triton) with torch references.
 
+One `reorder(mask)` per routing decision gives a RouteIndex shared by the operators of that decision:
+  attention: routed_gemm_mn (Q) -> routed_attention_prefill / _decode -> routed_gemm_k (O)
+  FFN:       routed_swiglu (gate+up, fused) -> routed_gemm_k (down)
+Every op is a `torch.library` custom op in the `wide::` namespace (torch.compile / CUDA-graph safe, no
+host syncs); on CPU tensors the torch reference runs unless TRITON_INTERPRET=1.
+"""
+
+from wide.kernels.attention import decode_num_splits, routed_attention_decode, routed_attention_prefill
+from wide.kernels.attention_reference import attention_decode_ref, attention_prefill_ref
+from wide.kernels.gemm_k import routed_gemm_k
+from wide.kernels.gemm_mn import routed_gemm_mn, routed_swiglu
+from wide.kernels.reference import (
+    gather_scatter_gemm_k,
+    gather_scatter_gemm_n,
+    routed_gemm_k_ref,
+    routed_gemm_mn_ref,
+    routed_swiglu_ref,
+)
+from wide.kernels.reorder import RouteIndex, reorder, reorder_reference, route_mask
+
+__all__ = [
+    "RouteIndex",
+    "attention_decode_ref",
+    "attention_prefill_ref",
+    "decode_num_splits",
+    "gather_scatter_gemm_k",
+    "gather_scatter_gemm_n",
+    "reorder",
+    "reorder_reference",
+    "route_mask",
+    "routed_attention_decode",
+    "routed_attention_prefill",
+    "routed_gemm_k",
+    "routed_gemm_k_ref",
+    "routed_gemm_mn",
+    "routed_gemm_mn_ref",
+    "routed_swiglu",
+    "routed_swiglu_ref",
+]

@@ -1,0 +1,202 @@
+# ruff: noqa: B023  (closures are timed inside the loop iteration that defines them)
+"""Routed GEMM / reorder / gather-scatter measurements on one GPU (Llama-3.1-8B operator shapes).
+
+Timing: each variant (dense cuBLAS baseline and WIDE) is captured once in a CUDA graph after a
+warm-up call (autotuning happens there); ``triton.testing.do_bench`` then times graph replays,
+median, with its L2 flush before every replay (weights come from HBM, as in a real layer).
+For Q and fused gate+up the WIDE timing includes the reorder of the decision's mask (these are
+the first operators of their decision); O and down reuse that RouteIndex and time the GEMM only.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from wide.kernels.gemm_k import routed_gemm_k
+from wide.kernels.gemm_mn import routed_gemm_mn, routed_swiglu
+from wide.kernels.reference import (
+    _active_groups,
+    fixed_count_mask,
+    gather_scatter_gemm_k,
+    gather_scatter_gemm_n,
+)
+from wide.kernels.reorder import reorder
+
+# name, kind, N, K, G, reorder included in the WIDE timing
+OPS = [
+    ("q", "gemm_mn", 4096, 4096, 512, True),
+    ("o", "gemm_k", 4096, 4096, 512, False),
+    ("gate_up", "gemm_mn_swiglu", 14336, 4096, 128, True),
+    ("gate_up", "gemm_mn_swiglu", 14336, 4096, 32, True),
+    ("down", "gemm_k", 4096, 14336, 128, False),
+    ("down", "gemm_k", 4096, 14336, 32, False),
+]
+
+
+def time_graph(fn: Callable[[], object], rep: int = 60) -> float:
+    """Median ms of CUDA-graph replays of ``fn`` (one call per graph), L2 flushed between replays."""
+    import triton
+
+    fn()  # warm-up / autotune
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    ms = triton.testing.do_bench(graph.replay, warmup=10, rep=rep, return_mode="median")
+    del graph
+    return float(ms)
+
+
+def _mask(m: int, ng: int, sparsity: float, gen: torch.Generator) -> torch.Tensor:
+    return torch.rand(m, ng, device="cuda", generator=gen) >= sparsity
+
+
+def bench_op(name, kind, n, k, g, with_reorder, ms_list, sparsities, gen, extra_variants=False) -> list[dict]:
+    """Dense vs WIDE for one operator over M and sparsity (dense timed once per M)."""
+    rows = []
+    dt = torch.bfloat16
+    w = torch.randn(n, k, device="cuda", dtype=dt) / k**0.5
+    w2 = torch.randn(n, k, device="cuda", dtype=dt) / k**0.5 if kind == "gemm_mn_swiglu" else None
+    for m in ms_list:
+        x = torch.randn(m, k, device="cuda", dtype=dt)
+        if kind == "gemm_mn_swiglu":
+            dense = lambda: F.silu(F.linear(x, w)) * F.linear(x, w2)
+            flops = 4.0 * m * n * k
+        else:
+            dense = lambda: F.linear(x, w)
+            flops = 2.0 * m * n * k
+        dense_ms = time_graph(dense)
+        ng = (n if kind != "gemm_k" else k) // g
+        for sp in sparsities:
+            mask = _mask(m, ng, sp, gen)
+            route = reorder(mask)
+            algos = ["auto"]
+            if kind == "gemm_k" and extra_variants and m >= 1024 and sp == 0.5:
+                algos += ["stationary", "atomic"]
+            if kind == "gemm_k" and extra_variants and m <= 16 and sp == 0.5:
+                algos += ["stationary"]
+            for algo in algos:
+                if kind == "gemm_mn":
+                    op = lambda r: routed_gemm_mn(x, w, r, g)
+                elif kind == "gemm_mn_swiglu":
+                    op = lambda r: routed_swiglu(x, w, w2, r, g)
+                else:
+                    op = lambda r, a=algo: routed_gemm_k(x, w, r, g, algo=a)
+                op_ms = time_graph(lambda: op(route))
+                wide_ms = time_graph(lambda: op(reorder(mask))) if with_reorder else op_ms
+                active = mask.float().mean().item()
+                rows.append(
+                    dict(
+                        kind=kind,
+                        op=name,
+                        M=m,
+                        N=n,
+                        K=k,
+                        group_size=g,
+                        sparsity=sp,
+                        active_fraction=round(active, 4),
+                        variant=algo,
+                        reorder_included=with_reorder,
+                        dense_ms=dense_ms,
+                        wide_ms=wide_ms,
+                        wide_op_ms=op_ms,
+                        speedup=dense_ms / wide_ms,
+                        speedup_op_only=dense_ms / op_ms,
+                        dense_tflops=flops / dense_ms * 1e-9,
+                        wide_useful_tflops=flops * active / wide_ms * 1e-9,
+                    )
+                )
+    return rows
+
+
+def bench_reorder(ms_list, gen) -> list[dict]:
+    """Reorder alone vs the dense time of the operators the decision serves."""
+    rows = []
+    dt = torch.bfloat16
+    dense_w = {
+        "attention": [(4096, 4096), (4096, 4096)],  # Q and O projections
+        "ffn": [(14336, 4096), (14336, 4096), (4096, 14336)],  # gate, up, down
+    }
+    for decision, ng in (("attention", 8), ("ffn", 112), ("ffn", 448)):
+        ws = [torch.randn(n, k, device="cuda", dtype=dt) for n, k in dense_w[decision]]
+        for m in ms_list:
+            mask = _mask(m, ng, 0.5, gen)
+            r_ms = time_graph(lambda: reorder(mask))
+            xs = {k: torch.randn(m, k, device="cuda", dtype=dt) for _, k in dense_w[decision]}
+            dense_ms = time_graph(lambda: [F.linear(xs[w.shape[1]], w) for w in ws])
+            rows.append(
+                dict(
+                    kind="reorder",
+                    op=f"{decision}_decision",
+                    M=m,
+                    group_size=None,
+                    n_groups=ng,
+                    sparsity=0.5,
+                    dense_ms=dense_ms,
+                    wide_ms=r_ms,
+                    speedup=None,
+                    reorder_frac_of_served_dense=r_ms / dense_ms,
+                    served_ops="q+o" if decision == "attention" else "gate+up+down",
+                )
+            )
+    return rows
+
+
+def _peak(fn) -> tuple[float, float]:
+    """(ms, peak extra GiB) of an eager call; peak measured over one call after warm-up."""
+    import triton
+
+    fn()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**30
+    ms = triton.testing.do_bench(fn, warmup=1, rep=5, return_mode="median")
+    return float(ms), peak
+
+
+def bench_gather_scatter(sizes, gen, group_size: int = 128, sparsity: float = 0.5) -> list[dict]:
+    """Appendix-A naive gather-scatter vs WIDE vs dense at S^3 (time + peak memory)."""
+    rows = []
+    dt = torch.bfloat16
+    free = torch.cuda.mem_get_info()[0]
+    for s in sizes:
+        a = torch.randn(s, s, device="cuda", dtype=dt)
+        b = torch.randn(s, s, device="cuda", dtype=dt) / s**0.5
+        ng = s // group_size
+        mask = fixed_count_mask(s, ng, int(round(ng * (1 - sparsity))), device="cuda", generator=None)
+        groups = _active_groups(mask)
+        route = reorder(mask)
+        dense_ms, dense_peak = _peak(lambda: F.linear(a, b))
+        for axis in ("n", "k"):
+            need = (1 - sparsity) * s**3 * 2 * (2 if axis == "k" else 1)
+            rec = dict(kind="gather_scatter", op=f"gemm_{axis}", M=s, N=s, K=s, group_size=group_size)
+            rec.update(sparsity=sparsity, dense_ms=dense_ms, dense_peak_gib=dense_peak)
+            wide = (
+                (lambda: routed_gemm_mn(a, b, route, group_size))
+                if axis == "n"
+                else (lambda: routed_gemm_k(a, b, route, group_size))
+            )
+            wide_ms, wide_peak = _peak(wide)
+            rec.update(wide_ms=wide_ms, wide_peak_gib=wide_peak, speedup=dense_ms / wide_ms)
+            naive = gather_scatter_gemm_n if axis == "n" else gather_scatter_gemm_k
+            if need * 1.3 > free * 0.8:
+                rec.update(naive_ms=None, naive_peak_gib=None, naive_skipped=f"needs ~{need / 2**30:.0f} GiB")
+            else:
+                try:
+                    n_ms, n_peak = _peak(lambda: naive(a, b, groups, group_size))
+                    rec.update(naive_ms=n_ms, naive_peak_gib=n_peak, wide_over_naive=n_ms / wide_ms)
+                except torch.OutOfMemoryError as e:  # pragma: no cover - GPU only
+                    rec.update(naive_ms=None, naive_peak_gib=None, naive_skipped=f"OOM: {str(e)[:80]}")
+            gc.collect()
+            torch.cuda.empty_cache()
+            rows.append(rec)
+    return rows

@@ -1,0 +1,104 @@
+"""Shared Triton helpers: device / interpreter detection, allocator, autotune helpers.
+
+Shared with the attention kernels (import only). Triton reads ``TRITON_INTERPRET`` when a kernel is
+decorated, so the variable must be set before any ``wide.kernels`` module is imported.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+try:  # Triton is optional on CPU-only installs
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except ImportError:  # pragma: no cover - exercised only without triton
+    triton = None
+    tl = None
+    HAS_TRITON = False
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def interpret_mode() -> bool:
+    """True when Triton runs kernels through its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    """Dispatch rule: Triton on CUDA tensors; on CPU only under the interpreter; else torch."""
+    if not HAS_TRITON:
+        return False
+    if t.is_cuda:
+        return not interpret_mode()
+    return t.device.type == "cpu" and interpret_mode()
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def m_bucket(m: int) -> int:
+    """Autotune key bucket for the token count M (powers of two, 16 ... 8192)."""
+    return min(max(next_pow2(m), 16), 8192)
+
+
+def check_dtype(*tensors: torch.Tensor) -> None:
+    d = tensors[0].dtype
+    if d not in SUPPORTED_DTYPES:
+        raise ValueError(f"dtype {d} not supported (fp16, bf16, fp32)")
+    for t in tensors[1:]:
+        if t.dtype != d:
+            raise ValueError(f"dtype mismatch: {t.dtype} vs {d}")
+
+
+def largest_pow2_divisor(n: int, cap: int) -> int:
+    b = 1
+    while b * 2 <= cap and n % (b * 2) == 0:
+        b *= 2
+    return b
+
+
+def _alloc(size: int, alignment: int, stream) -> torch.Tensor:  # noqa: ARG001
+    return torch.empty(size, device="cuda", dtype=torch.int8)
+
+
+@functools.lru_cache(maxsize=1)
+def ensure_allocator() -> None:
+    """Install the global-scratch allocator that device-side tensor descriptors need."""
+    if HAS_TRITON and hasattr(triton, "set_allocator"):
+        triton.set_allocator(_alloc)
+
+
+@functools.cache
+def tma_supported(device_index: int = 0) -> bool:
+    """Hopper+ GPU, compiled Triton with ``tl.make_tensor_descriptor``, and a probe kernel that runs."""
+    if not HAS_TRITON or interpret_mode() or not torch.cuda.is_available():
+        return False
+    if os.environ.get("WIDE_NO_TMA", "0") == "1":
+        return False
+    if torch.cuda.get_device_capability(device_index)[0] < 9 or not hasattr(tl, "make_tensor_descriptor"):
+        return False
+    try:
+        ensure_allocator()
+        x = torch.randn(64, 64, device=f"cuda:{device_index}", dtype=torch.float16)
+        y = torch.empty_like(x)
+        _tma_probe[(1,)](x, y, 64, 64, B=64)
+        torch.cuda.synchronize(device_index)
+        return bool(torch.equal(x, y))
+    except Exception:  # noqa: BLE001 - any compile/launch failure means "no TMA"
+        return False
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _tma_probe(x_ptr, y_ptr, R, C, B: tl.constexpr):
+        d = tl.make_tensor_descriptor(x_ptr, shape=[R, C], strides=[C, 1], block_shape=[B, B])
+        v = d.load([0, 0])
+        o = tl.arange(0, B)
+        tl.store(y_ptr + o[:, None] * C + o[None, :], v)

@@ -1,0 +1,84 @@
+"""Torch references of routed attention (same semantics as the Triton kernels in `attention.py`).
+
+Routing is one decision per KV-head group: mask [B, Tq, Hk] (prefill) or [B, Hk] (decode), True =
+execute. A skipped (b, t, g) gives output 0 for all Hq/Hk query heads of group g. K/V stay dense.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def _expand_heads(x: torch.Tensor, hpg: int, dim: int) -> torch.Tensor:
+    """Repeat each KV head (or group decision) hpg times along `dim` (GQA)."""
+    return x if hpg == 1 else x.repeat_interleave(hpg, dim=dim)
+
+
+def attention_prefill_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    sm_scale: float | None = None,
+    causal: bool = True,
+    *,
+    upcast: bool = True,
+) -> torch.Tensor:
+    """Routed prefill attention by plain math.
+
+    q [B,Tq,Hq,d], k/v [B,Tk,Hk,d], mask [B,Tq,Hk] bool -> o [B,Tq,Hq,d] (dtype of q).
+    Causal is bottom-right aligned: query t sits at absolute position Tk - Tq + t.
+    upcast=True computes in fp32; False computes in the input dtype (the "plain PyTorch" error bar).
+    """
+    bsz, tq, hq, d = q.shape
+    tk, hk = k.shape[1], k.shape[2]
+    hpg = hq // hk
+    scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
+    cdt = torch.float32 if upcast else q.dtype
+    qh = q.to(cdt).transpose(1, 2)  # [B,Hq,Tq,d]
+    kh = _expand_heads(k.to(cdt).transpose(1, 2), hpg, 1)  # [B,Hq,Tk,d]
+    vh = _expand_heads(v.to(cdt).transpose(1, 2), hpg, 1)  # [B,Hq,Tk,d]
+    s = torch.matmul(qh, kh.transpose(-1, -2)) * scale  # [B,Hq,Tq,Tk]
+    if causal:
+        qpos = torch.arange(tq, device=q.device)[:, None] + (tk - tq)
+        kpos = torch.arange(tk, device=q.device)[None, :]
+        s = s.masked_fill(kpos > qpos, float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    o = torch.matmul(p, vh).transpose(1, 2)  # [B,Tq,Hq,d]
+    keep = _expand_heads(mask.bool(), hpg, 2)  # [B,Tq,Hq]
+    o = torch.where(keep[..., None], o, torch.zeros((), dtype=o.dtype, device=o.device))
+    return o.to(q.dtype)
+
+
+def attention_decode_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_lens: torch.Tensor,
+    mask: torch.Tensor,
+    sm_scale: float | None = None,
+    *,
+    upcast: bool = True,
+) -> torch.Tensor:
+    """Routed single-token decode attention by plain math.
+
+    q [B,Hq,d], k_cache/v_cache [B,S,Hk,d], cache_lens [B] (attend to positions < len),
+    mask [B,Hk] bool -> o [B,Hq,d]. A sequence of length 0 or a skipped group gives zeros.
+    """
+    bsz, hq, d = q.shape
+    s_max, hk = k_cache.shape[1], k_cache.shape[2]
+    hpg = hq // hk
+    scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
+    cdt = torch.float32 if upcast else q.dtype
+    kh = _expand_heads(k_cache.to(cdt).transpose(1, 2), hpg, 1)  # [B,Hq,S,d]
+    vh = _expand_heads(v_cache.to(cdt).transpose(1, 2), hpg, 1)  # [B,Hq,S,d]
+    s = torch.matmul(kh, q.to(cdt)[..., None]).squeeze(-1) * scale  # [B,Hq,S]
+    valid = torch.arange(s_max, device=q.device)[None, :] < cache_lens.to(q.device)[:, None]  # [B,S]
+    s = s.masked_fill(~valid[:, None, :], float("-inf"))
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # rows of length 0 -> 0
+    o = torch.matmul(p[:, :, None, :], vh).squeeze(2)  # [B,Hq,d]
+    keep = _expand_heads(mask.bool(), hpg, 1)  # [B,Hq]
+    o = torch.where(keep[..., None], o, torch.zeros((), dtype=o.dtype, device=o.device))
+    return o.to(q.dtype)

@@ -1,0 +1,365 @@
+"""GEMM-K: K-axis routed projection (O, down): y[m] = sum over active groups g of x[m, g] · w[:, g]^T.
+
+Default (``algo='auto'``): ``masked_dense`` — zero the inactive K groups of x in one elementwise
+pass and call cuBLAS; the two Triton schedules below measured slower than that on the H200 (see
+``choose_algo``) and are opt-in:
+
+* ``stationary`` (default, deterministic): programs own a
+  natural-order (m-tile, n-tile) of y and stream K; each K tile lies in one group, the A rows
+  inactive for that group are predicated off and the weight tile is skipped when no row of the
+  tile uses the group (``SKIP_W``, autotuned against dense-style loads at M <= 256). At decode
+  (M <= 16) this reads only the weight columns of groups some token
+  uses. Small M splits K over extra programs into an fp32 workspace [S, M, N] reduced by a fixed-
+  order sum (bit-identical repeats).
+* ``atomic`` (opt-in, ``algo='atomic'``): one program per (group, sorted m-tile,
+  n-tile) over the group's sorted rows (level-0 early exit), partial sums added with relaxed fp32
+  atomics into a zeroed fp32 workspace, then cast. Costs p·M·N·N_G atomic adds (1 per 2·G MACs),
+  so it only pays for large groups; the summation order is not fixed (not bit-reproducible).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._triton_utils import (
+    HAS_TRITON,
+    check_dtype,
+    ensure_allocator,
+    largest_pow2_divisor,
+    m_bucket,
+    tma_supported,
+    use_triton,
+)
+from .gemm_mn import validate_route
+from .reference import routed_gemm_k_ref
+from .reorder import RouteIndex, route_mask
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+# The atomic schedule measured 0.55x of cuBLAS for O (G 512, M 4096, 50%) on the H200, so 'auto' never
+# picks it for now; it stays available as algo='atomic'.
+ATOMIC_MIN_GROUP = 1 << 30
+ATOMIC_MIN_M = 257
+_STATE = {"tma": False}
+
+
+def _cfg(bm, bn, bk, stages, warps, tma=False, group_m=8, skip=None):
+    kw = {"BLOCK_K": bk, "GROUP_M": group_m}
+    if skip is not None:
+        kw["SKIP_W"] = skip
+    if bm:
+        kw.update(BLOCK_M=bm, BLOCK_N=bn)
+    if tma is not None:
+        kw["USE_TMA"] = tma
+    return triton.Config(kw, num_stages=stages, num_warps=warps)
+
+
+def _prune_k(configs, named_args, **kwargs):
+    g = named_args["G"]
+    keep = [
+        c for c in configs if g % c.kwargs["BLOCK_K"] == 0 and (_STATE["tma"] or not c.kwargs.get("USE_TMA", False))
+    ]
+    if not keep:
+        c = configs[0]
+        kw = dict(c.kwargs, BLOCK_K=largest_pow2_divisor(g, 64))
+        keep = [triton.Config(kw, num_stages=3, num_warps=4)]
+    return keep
+
+
+if HAS_TRITON:
+
+    @triton.jit(do_not_specialize=["M", "M_BUCKET", "K_PER_SPLIT"])
+    def _gemm_k_stationary_kernel(
+        x_ptr,  # [M, K]
+        w_ptr,  # [N, K]
+        mask_ptr,  # [M, N_G] uint8
+        out_ptr,  # [M, N] (out dtype) or [S, M, N] fp32 when SPLIT_OUT
+        M,
+        N,
+        K,
+        G,
+        NG,
+        stride_xm,
+        stride_wn,
+        K_PER_SPLIT,
+        M_BUCKET,
+        SPLIT_OUT: tl.constexpr,
+        PREC: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        GROUP_M: tl.constexpr,
+        SKIP_W: tl.constexpr,
+    ):
+        pid = tl.program_id(0)
+        s = tl.program_id(1)
+        num_pid_m = tl.cdiv(M, BLOCK_M)
+        num_pid_n = tl.cdiv(N, BLOCK_N)
+        per_group = GROUP_M * num_pid_n
+        first_m = (pid // per_group) * GROUP_M
+        gm = min(num_pid_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % per_group) % gm
+        pid_n = (pid % per_group) // gm
+
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        in_m = offs_m < M
+        in_n = offs_n < N
+        k_lo = s * K_PER_SPLIT
+        k_hi = min(K, k_lo + K_PER_SPLIT)
+        a_base = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :]
+        b_base = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            g = k0 // G  # BLOCK_K divides G: the tile lies in one group
+            act = tl.load(mask_ptr + offs_m * NG + g, mask=in_m, other=0) != 0  # [BLOCK_M]
+            if SKIP_W:  # weight tile read only if used (load depends on the mask load)
+                used = tl.max(act.to(tl.int32), axis=0)
+                b_ok = in_n & ((tl.zeros([BLOCK_N], dtype=tl.int32) + used) > 0)
+                a = tl.load(a_base + k0, mask=act[:, None], other=0.0)
+                b = tl.load(b_base + k0, mask=b_ok[:, None], other=0.0)
+            else:  # dense-style pipelined loads, inactive A rows zeroed in registers
+                a = tl.load(a_base + k0, mask=in_m[:, None], other=0.0)
+                a = tl.where(act[:, None], a, 0.0)
+                b = tl.load(b_base + k0, mask=in_n[:, None], other=0.0)
+            acc = tl.dot(a, tl.trans(b), acc, input_precision=PREC)
+        if SPLIT_OUT:
+            o = out_ptr + s.to(tl.int64) * M * N + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+            tl.store(o, acc, mask=in_m[:, None] & in_n[None, :])
+        else:
+            o = out_ptr + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+            tl.store(o, acc.to(out_ptr.dtype.element_ty), mask=in_m[:, None] & in_n[None, :])
+
+    @triton.jit(do_not_specialize=["M", "M_BUCKET"])
+    def _gemm_k_atomic_kernel(
+        x_ptr,  # [M, K]
+        w_ptr,  # [N, K]
+        idx_ptr,  # [N_G, M] int32
+        count_ptr,  # [N_G] int32
+        ws_ptr,  # [M, N] fp32, zeroed
+        M,
+        N,
+        K,
+        G,
+        stride_xm,
+        stride_wn,
+        M_BUCKET,
+        PREC: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        GROUP_M: tl.constexpr,
+        USE_TMA: tl.constexpr,
+    ):
+        pid = tl.program_id(0)
+        g = tl.program_id(1)
+        num_pid_m = tl.cdiv(M, BLOCK_M)
+        num_pid_n = tl.cdiv(N, BLOCK_N)
+        per_group = GROUP_M * num_pid_n
+        first_m = (pid // per_group) * GROUP_M
+        gm = min(num_pid_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % per_group) % gm
+        pid_n = (pid % per_group) // gm
+        cnt = tl.load(count_ptr + g)
+        m0 = pid_m * BLOCK_M
+        if m0 < cnt:  # level 0: sorted tile holds active rows
+            n0 = pid_n * BLOCK_N
+            offs_p = m0 + tl.arange(0, BLOCK_M)
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            offs_k = tl.arange(0, BLOCK_K)
+            act = offs_p < cnt
+            in_n = offs_n < N
+            rows = tl.load(idx_ptr + g * M + offs_p, mask=act, other=0).to(tl.int64)
+            k_base = g * G
+            a_ptrs = x_ptr + rows[:, None] * stride_xm + (k_base + offs_k)[None, :]
+            if USE_TMA:
+                wd = tl.make_tensor_descriptor(w_ptr, [N, K], [stride_wn, 1], [BLOCK_N, BLOCK_K])
+            else:
+                b_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + (k_base + offs_k)[None, :]
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for kk in range(0, G, BLOCK_K):
+                a = tl.load(a_ptrs, mask=act[:, None], other=0.0)
+                if USE_TMA:
+                    b = wd.load([n0, k_base + kk])
+                else:
+                    b = tl.load(b_ptrs, mask=in_n[:, None], other=0.0)
+                    b_ptrs += BLOCK_K
+                acc = tl.dot(a, tl.trans(b), acc, input_precision=PREC)
+                a_ptrs += BLOCK_K
+            o = ws_ptr + rows[:, None] * N + offs_n[None, :]
+            tl.atomic_add(o, acc, mask=act[:, None] & in_n[None, :], sem="relaxed")
+
+    _KEY = ["M_BUCKET", "N", "K", "G"]
+    # split / small-M stationary: BLOCK_M, BLOCK_N fixed by the host (workspace shape depends on them)
+    _stat_split = triton.autotune(
+        configs=[
+            _cfg(0, 0, bk, st, 4, tma=None, skip=sk) for sk in (True, False) for bk, st in ((32, 4), (128, 4), (256, 3))
+        ],
+        key=_KEY,
+        prune_configs_by={"early_config_prune": _prune_k},
+    )(_gemm_k_stationary_kernel)
+    _stat_large = triton.autotune(
+        configs=[
+            _cfg(128, 128, 64, 4, 8, tma=None, skip=False),
+            _cfg(128, 256, 64, 3, 8, tma=None, skip=False),
+            _cfg(128, 128, 32, 4, 8, tma=None, skip=False),
+            _cfg(128, 256, 32, 4, 8, tma=None, skip=False),
+        ],
+        key=_KEY,
+        prune_configs_by={"early_config_prune": _prune_k},
+    )(_gemm_k_stationary_kernel)
+    _atomic = triton.autotune(
+        configs=[
+            _cfg(128, 128, 64, 4, 8),
+            _cfg(128, 256, 64, 3, 8),
+            _cfg(128, 128, 64, 4, 8, tma=True),
+            _cfg(128, 256, 64, 3, 8, tma=True),
+        ],
+        key=_KEY,
+        reset_to_zero=["ws_ptr"],
+        prune_configs_by={"early_config_prune": _prune_k},
+    )(_gemm_k_atomic_kernel)
+
+
+def choose_algo(m: int, group_size: int, deterministic: bool) -> str:
+    """Host-side schedule choice from shapes only.
+
+    Measured on the H200 (Triton 3.6) the Triton schedules lost to cuBLAS everywhere (stationary
+    0.09-0.43x, atomic 0.55x at O / M 4096 / 50%), so the default is ``masked_dense``: one
+    elementwise pass zeroing the inactive K groups of x, then cuBLAS (no routing savings, ~dense
+    speed, deterministic on one stream). The Triton schedules stay available through ``algo``.
+    """
+    if not deterministic and m >= ATOMIC_MIN_M and group_size >= ATOMIC_MIN_GROUP:
+        return "atomic"
+    return "masked_dense"
+
+
+def masked_dense_gemm_k(x: torch.Tensor, w: torch.Tensor, mask: torch.Tensor, g: int) -> torch.Tensor:
+    """x: [M, K] with groups zeroed where mask [M, N_G] is False, then a dense cuBLAS GEMM."""
+    m, k = x.shape
+    xm = (x.view(m, k // g, g) * mask[:, :, None].to(x.dtype)).view(m, k)  # [M, K]
+    return torch.nn.functional.linear(xm, w)
+
+
+def _split_plan(m: int, n: int, k: int, g: int, n_sms: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, S) for the split stationary schedule at M <= 256."""
+    bm = 16 if m <= 16 else (32 if m <= 32 else 64)
+    bn = 32 if m <= 16 else 64
+    ctas = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    s = 1
+    while s < 8 and ctas * s * 2 <= 2 * n_sms and k // (s * 2) >= 256:
+        s *= 2
+    return bm, bn, s
+
+
+def _launch_k(x, w, idx, count, mask, g: int, algo: str) -> torch.Tensor:
+    m, k = x.shape
+    n = w.shape[0]
+    ng = k // g
+    y = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    if m == 0:
+        return y
+    prec = "ieee" if x.dtype == torch.float32 else "tf32"
+    mb = m_bucket(m)
+    mask_u8 = mask.view(torch.uint8)
+    if not x.is_cuda:  # interpreter: fixed small configs
+        bk = largest_pow2_divisor(g, 32)
+        if algo == "atomic":
+            ws = torch.zeros(m, n, device=x.device, dtype=torch.float32)
+            grid = (triton.cdiv(m, 16) * triton.cdiv(n, 32), ng)
+            _gemm_k_atomic_kernel[grid](
+                x, w, idx, count, ws, m, n, k, g, x.stride(0), w.stride(0), mb,
+                PREC=prec, BLOCK_M=16, BLOCK_N=32, BLOCK_K=bk, GROUP_M=2, USE_TMA=False,
+            )  # fmt: skip
+            return ws.to(x.dtype)
+        s = 2 if k // bk >= 2 else 1
+        kps = triton.cdiv(k // bk, s) * bk
+        ws = torch.empty(s, m, n, device=x.device, dtype=torch.float32)
+        grid = (triton.cdiv(m, 16) * triton.cdiv(n, 32), s)
+        _gemm_k_stationary_kernel[grid](
+            x, w, mask_u8, ws, m, n, k, g, ng, x.stride(0), w.stride(0), kps, mb,
+            SPLIT_OUT=True, PREC=prec, BLOCK_M=16, BLOCK_N=32, BLOCK_K=bk, GROUP_M=2, SKIP_W=m % 2 == 1,
+        )  # fmt: skip
+        return ws.sum(0).to(x.dtype)
+
+    if algo == "atomic":
+        _STATE["tma"] = tma_supported(x.device.index or 0)
+        if _STATE["tma"]:
+            ensure_allocator()
+        ws = torch.zeros(m, n, device=x.device, dtype=torch.float32)
+
+        def grid(meta):
+            return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]), ng)
+
+        _atomic[grid](x, w, idx, count, ws, m, n, k, g, x.stride(0), w.stride(0), mb, PREC=prec)
+        return ws.to(x.dtype)
+    if m <= 256:
+        n_sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+        bm, bn, s = _split_plan(m, n, k, g, n_sms)
+        kps = triton.cdiv(k, s * 256) * 256 if s > 1 else k
+        out = torch.empty(s, m, n, device=x.device, dtype=torch.float32) if s > 1 else y
+        grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), s)
+        _stat_split[grid](
+            x, w, mask_u8, out, m, n, k, g, ng, x.stride(0), w.stride(0), kps, mb,
+            SPLIT_OUT=s > 1, PREC=prec, BLOCK_M=bm, BLOCK_N=bn,
+        )  # fmt: skip
+        return out.sum(0).to(x.dtype) if s > 1 else y
+
+    def grid_l(meta):
+        return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]), 1)
+
+    _stat_large[grid_l](x, w, mask_u8, y, m, n, k, g, ng, x.stride(0), w.stride(0), k, mb, SPLIT_OUT=False, PREC=prec)
+    return y
+
+
+@torch.library.custom_op("wide::routed_gemm_k", mutates_args=())
+def _gemm_k_op(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    idx: torch.Tensor,
+    count: torch.Tensor,
+    mask: torch.Tensor,
+    group_size: int,
+    algo: str,
+) -> torch.Tensor:
+    if algo == "masked_dense":
+        return masked_dense_gemm_k(x, w, mask, group_size)
+    if use_triton(x):
+        return _launch_k(x, w, idx, count, mask, group_size, algo)
+    e = idx.new_empty((0, idx.shape[0]))
+    return routed_gemm_k_ref(x, w, RouteIndex(idx, count, e, e, mask), group_size)
+
+
+@_gemm_k_op.register_fake
+def _(x, w, idx, count, mask, group_size, algo):
+    return x.new_empty((x.shape[0], w.shape[0]))
+
+
+def routed_gemm_k(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    route: RouteIndex,
+    group_size: int,
+    *,
+    deterministic: bool = False,
+    algo: str = "auto",
+) -> torch.Tensor:
+    """K-axis routed projection. x: [M, K], w: [N, K] -> y: [M, N] (fp32 accumulation).
+
+    ``algo``: 'auto' (= 'masked_dense', see ``choose_algo``) | 'masked_dense' | 'stationary' (Triton,
+    deterministic) | 'atomic' (Triton, fp32 atomics, not bit-reproducible). ``deterministic=True``
+    rejects 'atomic' and gives bit-identical repeats.
+    """
+    check_dtype(x, w)
+    validate_route(x, w.shape[0], w.shape[1], route, group_size, "k")
+    if algo not in ("auto", "masked_dense", "stationary", "atomic"):
+        raise ValueError(f"unknown algo {algo!r}")
+    if algo == "auto" or (deterministic and algo == "atomic"):
+        algo = choose_algo(x.shape[0], group_size, deterministic)
+    mask = route_mask(route)
+    if mask.dtype != torch.bool or tuple(mask.shape) != (x.shape[0], route.idx.shape[0]):
+        raise ValueError(f"route.mask must be bool [M, N_G], got {mask.dtype} {tuple(mask.shape)}")
+    return _gemm_k_op(x.contiguous(), w.contiguous(), route.idx, route.count, mask.contiguous(), group_size, algo)

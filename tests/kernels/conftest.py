@@ -1,0 +1,52 @@
+"""Kernel tests: on a CPU-only machine, run the Triton kernels through the interpreter.
+
+Triton reads TRITON_INTERPRET when a kernel is decorated (at import of ``wide.kernels.*``), so the
+variable is set here, before any test module imports the kernels.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from wide.kernels.reorder import reorder  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+
+
+def make_route(mode: str, b: int, t: int, ng: int, device="cpu", p: float = 0.5, seed: int = 0):
+    """Routing mask [B, T, N_G] ('all', 'none', 'random') and its RouteIndex."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    if mode == "all":
+        m = torch.ones(b, t, ng, dtype=torch.bool)
+    elif mode == "none":
+        m = torch.zeros(b, t, ng, dtype=torch.bool)
+    else:
+        m = torch.rand(b, t, ng, generator=gen) < p
+    m = m.to(device)
+    return m, reorder(m if b > 1 else m[0])
+
+
+def assert_close_to_ref(out, ref32, ref_lowp, rtol_factor: float = 2.0, atol: float = 1e-5):
+    """Flash-attention style: |out - ref32| <= 2 |ref_lowp - ref32| + atol (max abs)."""
+    scale = max(1.0, ref32.abs().max().item())
+    err = (out.float() - ref32).abs().max().item()
+    base = (ref_lowp.float() - ref32).abs().max().item()
+    assert err <= rtol_factor * base + atol * scale, f"kernel err {err:.3e} vs torch err {base:.3e}"
+
+
+@pytest.fixture(scope="session")
+def kernel_device():
+    """'cuda' on a GPU machine; 'cpu' with the interpreter active (fails loudly if it is not)."""
+    if HAS_CUDA:
+        return "cuda"
+    from wide.kernels._triton_utils import use_triton
+
+    assert use_triton(torch.empty(1)), "TRITON_INTERPRET=1 was not active when the kernels were imported"
+    return "cpu"

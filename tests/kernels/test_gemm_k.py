@@ -1,0 +1,128 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import assert_close_to_ref, gpu, make_route
+
+from wide.kernels.gemm_k import routed_gemm_k
+from wide.kernels.reference import routed_gemm_k_ref
+from wide.kernels.reorder import RouteIndex, reorder
+
+# (B, T, N, K, G): K routed; N and M not multiples of the tiles
+CPU_SHAPES = [(1, 37, 40, 96, 32), (2, 10, 70, 64, 16), (1, 9, 48, 256, 128), (3, 7, 33, 64, 32)]
+DTYPES = [torch.float32, torch.float16]
+
+
+def _inputs(m, n, k, dtype, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g) / k**0.25
+    w = torch.randn(n, k, generator=g) / k**0.25
+    return x.to(device=device, dtype=dtype), w.to(device=device, dtype=dtype)
+
+
+def _check_k(x, w, route, gs, algo="auto"):
+    y = routed_gemm_k(x, w, route, gs, algo=algo)
+    assert y.shape == (x.shape[0], w.shape[0]) and y.dtype == x.dtype
+    ref32 = routed_gemm_k_ref(x.float(), w.float(), route, gs)
+    assert_close_to_ref(y, ref32, routed_gemm_k_ref(x, w, route, gs))
+
+
+@pytest.mark.parametrize("shape", CPU_SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mode", ["random", "all", "none"])
+@pytest.mark.parametrize("algo", ["stationary", "atomic", "auto"])
+def test_gemm_k_matches_reference(shape, dtype, mode, algo, kernel_device):
+    b, t, n, k, gs = shape
+    x, w = _inputs(b * t, n, k, dtype, kernel_device)
+    _, route = make_route(mode, b, t, k // gs, kernel_device)
+    _check_k(x, w, route, gs, algo)
+
+
+def test_gemm_k_deterministic_and_mask_rebuild(kernel_device):
+    x, w = _inputs(19, 40, 64, torch.float32, kernel_device)
+    _, route = make_route("random", 1, 19, 4, kernel_device)
+    for algo in ("stationary", "auto"):
+        a = routed_gemm_k(x, w, route, 16, deterministic=True, algo=algo)
+        b = routed_gemm_k(x, w, route, 16, deterministic=True, algo=algo)
+        assert torch.equal(a, b)
+        no_mask = RouteIndex(*route[:4])  # mask field absent -> rebuilt from idx / count
+        assert torch.equal(routed_gemm_k(x, w, no_mask, 16, deterministic=True, algo=algo), a)
+
+
+def test_gemm_k_errors():
+    x, w = _inputs(8, 32, 64, torch.float32, "cpu")
+    _, route = make_route("random", 1, 8, 4)
+    with pytest.raises(ValueError, match="divisible"):
+        routed_gemm_k(x[:, :48], w[:, :48], route, 32)
+    with pytest.raises(ValueError, match="route"):
+        routed_gemm_k(x, w, route, 32)
+    with pytest.raises(ValueError, match="K="):
+        routed_gemm_k(x, w[:, :32], route, 16)
+    with pytest.raises(ValueError, match="algo"):
+        routed_gemm_k(x, w, route, 16, algo="fast")
+
+
+def test_gemm_k_compiles(monkeypatch):
+    x, w = _inputs(12, 32, 64, torch.float32, "cpu")
+    mask = torch.rand(12, 4, generator=torch.Generator().manual_seed(5)) < 0.5
+    r = reorder(mask)
+    torch.library.opcheck(
+        torch.ops.wide.routed_gemm_k.default,
+        (x, w, r.idx, r.count, r.mask, 16, "stationary"),
+        test_utils=("test_schema", "test_faketensor"),
+    )
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    f = torch.compile(lambda x, m: routed_gemm_k(x, w, reorder(m), 16), fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(f(x, mask), routed_gemm_k_ref(x, w, r, 16))
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+SMOL = [("o", 576, 576, 192), ("down", 576, 1536, 128), ("down", 576, 1536, 32)]
+LLAMA = [("o", 4096, 4096, 512), ("down", 4096, 14336, 128), ("down", 4096, 14336, 32)]
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", SMOL + LLAMA, ids=lambda o: f"{o[0]}-{o[1]}x{o[2]}-G{o[3]}")
+@pytest.mark.parametrize("bt", [(1, 1), (1, 77), (2, 2048)], ids=str)
+@pytest.mark.parametrize("mode", ["random", "all", "none"])
+def test_gemm_k_gpu(op, bt, mode):
+    _, n, k, gs = op
+    b, t = bt
+    if mode != "random" and k > 1536 and b * t > 1:
+        pytest.skip("all/none masks covered at the small shapes")
+    x, w = _inputs(b * t, n, k, torch.bfloat16, "cuda")
+    _, route = make_route(mode, b, t, k // gs, "cuda")
+    _check_k(x, w, route, gs)
+    _check_k(x, w, route, gs, "stationary")
+    if b * t > 256:
+        _check_k(x, w, route, gs, "atomic")
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 300, 4096])
+def test_gemm_k_deterministic_gpu(m):
+    x, w = _inputs(m, 4096, 4096, torch.bfloat16, "cuda")
+    _, route = make_route("random", 1, m, 8, "cuda")
+    for algo in ("auto", "stationary"):
+        outs = [routed_gemm_k(x, w, route, 512, deterministic=True, algo=algo) for _ in range(3)]
+        assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("algo", ["auto", "stationary", "atomic"])
+def test_gemm_k_cuda_graph(algo):
+    x, w = _inputs(600, 576, 1536, torch.bfloat16, "cuda")
+    mask = torch.rand(600, 12, device="cuda") < 0.5
+    routed_gemm_k(x, w, reorder(mask), 128, algo=algo)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = routed_gemm_k(x, w, reorder(mask), 128, algo=algo)
+    mask.copy_(torch.rand(600, 12, device="cuda") < 0.3)
+    graph.replay()
+    r = reorder(mask)
+    ref32 = routed_gemm_k_ref(x.float(), w.float(), r, 128)
+    assert_close_to_ref(y, ref32, routed_gemm_k_ref(x, w, r, 128))
