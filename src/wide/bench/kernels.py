@@ -106,8 +106,11 @@ def _md(rows: list[dict], meta: dict) -> str:
 
 def _write(out_dir: str, rows: list[dict], meta: dict) -> None:
     os.makedirs(out_dir, exist_ok=True)
+    # kernels-h200.json: a list of records (one per measurement); the run's metadata goes beside it.
     with open(os.path.join(out_dir, "kernels-h200.json"), "w") as f:
-        json.dump({"meta": meta, "records": rows}, f, indent=1, default=str)
+        json.dump(rows, f, indent=1, default=str)
+    with open(os.path.join(out_dir, "kernels-h200.meta.json"), "w") as f:
+        json.dump(meta, f, indent=1, default=str)
 
 
 def run_kernel_bench(out_dir: str, quick: bool = False) -> list[dict]:
