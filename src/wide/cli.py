@@ -36,10 +36,11 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     cfg = WideConfig(
         attn_group_size=a.attn_group_size, ffn_group_size=a.ffn_group_size, router_rank=a.router_rank,
         sparsity=a.sparsity, attn_sparsity=a.attn_sparsity, ffn_sparsity=a.ffn_sparsity, alpha=a.alpha,
-        tau_start=a.tau_start, tau_end=a.tau_end, router_input=a.router_input, seed=a.seed)
+        tau_start=a.tau_start, tau_end=a.tau_end, router_input=a.router_input,
+        module_skipping=a.module_skipping, seed=a.seed)
     tc = TrainConfig(steps=a.steps, batch_size=a.batch_size, grad_accum=a.grad_accum, seq_len=a.seq_len,
                      lr=a.lr, save_every=a.save_every, log_every=a.log_every, data_mode=a.data_mode,
-                     seed=a.seed, fit_skip_bias=not a.no_fit_skip_bias)
+                     seed=a.seed, fit_mode=a.fit_mode)
     # Weights stay in the model dtype (bf16 on GPU); the routers are fp32 and autocast handles the rest.
     model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=device)
     wm = WideModel(model, cfg)  # unsupported architectures and bad group sizes fail here, before data
@@ -56,7 +57,8 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     print(f"calibration data: {len(ds)} sequences x {a.seq_len} tokens from {data}", file=sys.stderr)
     summary = calibrate(wm, ds, tc, a.out, resume=a.resume)
     summary["data"] = str(data)
-    print(json.dumps({k: v for k, v in summary.items() if k != "train_config"}, indent=1, default=str))
+    print(json.dumps({k: v for k, v in summary.items() if k not in ("train_config", "skip_bias_fit")},
+                     indent=1, default=str))
     return 0
 
 
@@ -163,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--ffn-group-size", type=int, default=128)
     c.add_argument("--router-rank", type=int, default=32)
     c.add_argument("--router-input", choices=["normed", "residual"], default="normed")
+    c.add_argument("--module-skipping", action="store_true",
+                   help="baseline: SkipGPT-style routing of whole attention / FFN blocks per token")
     c.add_argument("--alpha", type=float, default=20.0)
     c.add_argument("--tau-start", type=float, default=5.0)
     c.add_argument("--tau-end", type=float, default=0.5)
@@ -174,8 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--save-every", type=int, default=200)
     c.add_argument("--log-every", type=int, default=10)
     c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--no-fit-skip-bias", action="store_true",
-                   help="skip fitting argmax thresholds to the Gumbel-time skip rates after training")
+    c.add_argument("--fit-mode", choices=["router", "kind", "global", "none"], default="router",
+                   help="after training, fit argmax thresholds to the Gumbel-time skip rates: per router, "
+                   "per kind (attention / FFN), one global offset, or none")
     c.add_argument("--dtype", default="auto", help="model weights: auto (bf16 on GPU, fp32 on CPU), bf16, fp32")
     c.add_argument("--device")
     c.add_argument("--out", required=True, help="output directory (checkpoints, log, final routers)")

@@ -70,6 +70,8 @@ class WideConfig:
         loss of paper eq. 22 with separate targets.
     router_input: "normed" routes on the normalised hidden state entering attention / FFN,
         "residual" on the residual stream (as the authors' code does).
+    module_skipping: the SkipGPT-style baseline — one decision per token for the whole attention
+        block and one for the whole FFN (group sizes are then ignored).
     """
 
     attn_group_size: int | None = None
@@ -82,6 +84,7 @@ class WideConfig:
     tau_start: float = 5.0
     tau_end: float = 0.5
     router_input: Literal["normed", "residual"] = "normed"
+    module_skipping: bool = False
     seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -120,6 +123,9 @@ class WideConfig:
     def routing_shape(self, dims: ModelDims) -> RoutingShape:
         """Resolve group sizes against a model; raise with the valid choices when they do not fit."""
         hq, gqa = dims.n_q_heads, dims.gqa_group
+        if self.module_skipping:
+            return RoutingShape(attn_heads_per_group=hq, attn_groups=1, ffn_group_size=dims.intermediate,
+                                ffn_groups=1, gqa_aligned=False)
         heads = self.attn_group_size or gqa
         if hq % heads:
             valid = [h for h in range(1, hq + 1) if hq % h == 0]

@@ -199,3 +199,20 @@ def test_skip_rates_exclude_padding():
     a, _ = wm.skip_rates()
     m = wm.last_masks[0]["attn"][0, :2].float()
     assert a[0].item() == pytest.approx(1 - m.mean().item())
+
+
+def test_module_skipping_baseline_routes_whole_blocks():
+    model = tiny_model("llama")
+    wm = WideModel(model, WideConfig(module_skipping=True, router_rank=8))
+    assert (wm.shape.attn_groups, wm.shape.ffn_groups) == (1, 1)
+    for r in wm.routers:
+        torch.nn.init.normal_(r.ffn.up.weight, std=3.0)
+    ids = torch.randint(0, 101, (2, 8))
+    captured = []
+    model.model.layers[0].mlp.down_proj.register_forward_hook(lambda m, a, o: captured.append(o))
+    with torch.no_grad():
+        wm(ids)
+    skip = ~wm.last_masks[0]["ffn"][..., 0]  # [B, T]
+    assert skip.any() and (~skip).any()
+    out = captured[-1]  # a skipped token's FFN output is exactly zero, an executed one is not
+    assert torch.count_nonzero(out[skip]) == 0 and (out[~skip].abs().sum(-1) > 0).all()

@@ -25,7 +25,8 @@ from tqdm.auto import tqdm
 from wide.config import WideConfig
 from wide.model.checkpoint import atomic_write_bytes, save_routers
 from wide.model.wide_model import WideModel
-from wide.routing import SKIP, fit_skip_bias, sparsity_loss
+from wide.routing import sparsity_loss
+from wide.train.threshold_fit import FIT_MODES, fit_thresholds
 
 STATE_NAME = "trainer_state.pt"
 LATEST = "latest"
@@ -44,13 +45,15 @@ class TrainConfig:
     log_every: int = 10
     save_every: int = 200
     keep_checkpoints: int = 1
-    fit_skip_bias: bool = True
+    fit_mode: str = "router"  # argmax threshold fit after training: router | kind | global | none
     fit_batches: int = 4
     data_mode: str = "packed"
     seed: int = 0
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.fit_mode not in FIT_MODES:
+            raise ValueError(f"fit_mode must be one of {FIT_MODES}, got {self.fit_mode!r}")
         for name in ("steps", "batch_size", "grad_accum", "seq_len", "log_every", "save_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -149,39 +152,6 @@ def latest_checkpoint(out: Path) -> Path | None:
     return ckpt if (ckpt / STATE_NAME).is_file() else None
 
 
-# ------------------------------------------------------------------- skip-bias fit
-@torch.no_grad()
-def fit_skip_biases(wm: WideModel, batches, device: torch.device) -> dict:
-    """Per router, set skip_bias so that the argmax skip rate equals the expected Gumbel-time skip rate
-    (mean softmax probability of class 'skip', which is exactly P(hard Gumbel sample = skip))."""
-    n_layers = len(wm.routers)
-    margins = {(i, k): [] for i in range(n_layers) for k in ("attn", "ffn")}
-    probs = {key: [] for key in margins}
-    for r in wm.routers:
-        r.attn.skip_bias.zero_()
-        r.ffn.skip_bias.zero_()
-    amp = autocast_dtype(device)
-    with wm.routing("gumbel"):
-        for batch in batches:
-            ids, am = batch["input_ids"].to(device), batch["attention_mask"].to(device)
-            with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
-                wm(ids, attention_mask=am)
-            keep = am.bool()
-            for (i, k), lst in margins.items():
-                lg = wm.last_masks[i][k + "_logits"][keep]  # [N_tok, N_G, 2]
-                lst.append((lg[..., SKIP] - lg[..., 1 - SKIP]).flatten())
-                probs[(i, k)].append(lg.softmax(-1)[..., SKIP].flatten())
-    before, after = {}, {}
-    for (i, k), lst in margins.items():
-        m = torch.cat(lst)
-        target = float(torch.cat(probs[(i, k)]).mean())
-        before[f"{k}{i}"] = float((m > 0).float().mean())
-        delta = fit_skip_bias(m, target)
-        getattr(wm.routers[i], k).skip_bias.fill_(delta)
-        after[f"{k}{i}"] = float(((m + delta) > 0).float().mean())
-    return {"argmax_skip_before": before, "argmax_skip_after": after}
-
-
 # -------------------------------------------------------------------------- the loop
 def calibrate(wm: WideModel, dataset, tc: TrainConfig, out_dir: str | Path, *, resume: bool = False,
               progress: bool = True, adapter=None) -> dict:
@@ -272,10 +242,10 @@ def calibrate(wm: WideModel, dataset, tc: TrainConfig, out_dir: str | Path, *, r
                "tokens_per_s": log_state["tokens"] / max(elapsed, 1e-9), "train_config": asdict(tc),
                "device": str(device), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
     wm.model.eval()
-    if tc.fit_skip_bias:
+    if tc.fit_mode != "none":
         fit_order = DataOrder(len(dataset), tc.batch_size, seed=tc.seed + 1)
         batches = [dataset.batch(fit_order.next_batch()) for _ in range(tc.fit_batches)]
-        summary["skip_bias_fit"] = fit_skip_biases(wm, batches, device)
+        summary["skip_bias_fit"] = fit_thresholds(wm, batches, device, tc.fit_mode)
     wm.mode = "argmax"
     summary["stage"] = "lora" if adapter is not None else "calibration"
     save_trainable(wm, out, adapter, training=summary)

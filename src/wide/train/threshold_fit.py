@@ -1,0 +1,104 @@
+"""Fit argmax thresholds after training so that inference skips at the rate training ran under.
+
+Under hard Gumbel-Softmax a router skips group g with probability softmax(logits)[skip]; argmax skips
+only where the margin logit(skip) − logit(execute) > 0, which can be far rarer (a router whose skip
+probability hovers around 0.3 never skips under argmax). A per-router offset δ added to the skip logit
+(`Router.skip_bias`) moves the argmax rate onto a target:
+
+  mode "router": every router matches its own expected Gumbel-time rate;
+  mode "kind":   one δ for all attention routers and one for all FFN routers, each matching that
+                 kind's mean expected rate (keeps argmax's per-layer allocation);
+  mode "global": one δ for every router, matching the loss's overall rate
+                 mean_l ½(rate_attn_l + rate_ffn_l) (keeps argmax's attention / FFN split too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from wide.routing import SKIP, fit_skip_bias
+
+FIT_MODES = ("router", "kind", "global", "none")
+Key = tuple[int, str]  # (layer, "attn" | "ffn")
+
+
+@torch.no_grad()
+def collect_margins(wm, batches: Iterable[dict], device: torch.device) -> tuple[dict, dict]:
+    """Skip margins (argmax decisions, offsets at 0) and expected Gumbel-time skip rates per router."""
+    margins: dict[Key, list] = {(i, k): [] for i in range(len(wm.routers)) for k in ("attn", "ffn")}
+    probs: dict[Key, list] = {key: [] for key in margins}
+    for r in wm.routers:
+        r.attn.skip_bias.zero_()
+        r.ffn.skip_bias.zero_()
+    amp = torch.bfloat16 if device.type == "cuda" else None
+    with wm.routing("gumbel"):
+        for batch in batches:
+            ids, am = batch["input_ids"].to(device), batch["attention_mask"].to(device)
+            with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+                wm(ids, attention_mask=am)
+            keep = am.bool()
+            for (i, k), lst in margins.items():
+                lg = wm.last_masks[i][k + "_logits"][keep]  # [N_tok, N_G, 2]
+                lst.append((lg[..., SKIP] - lg[..., 1 - SKIP]).flatten())
+                probs[(i, k)].append(lg.softmax(-1)[..., SKIP].flatten())
+    m = {key: torch.cat(v) for key, v in margins.items()}
+    p = {key: float(torch.cat(v).mean()) for key, v in probs.items()}
+    return m, p
+
+
+def _overall(rates: dict[Key, float]) -> float:
+    """The loss's overall rate: mean over layers of ½(attention rate + FFN rate)."""
+    layers = sorted({i for i, _ in rates})
+    return sum(0.5 * (rates[(i, "attn")] + rates[(i, "ffn")]) for i in layers) / len(layers)
+
+
+def _rates(margins: dict[Key, torch.Tensor], deltas: dict[Key, float]) -> dict[Key, float]:
+    return {key: float(((m + deltas[key]) > 0).float().mean()) for key, m in margins.items()}
+
+
+def _bisect(f, target: float, lo: float = -50.0, hi: float = 50.0, iters: int = 50) -> float:
+    """δ with f(δ) ≈ target for a non-decreasing f."""
+    for _ in range(iters):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if f(mid) < target else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
+def fit_offsets(margins: dict[Key, torch.Tensor], expected: dict[Key, float], mode: str) -> dict[Key, float]:
+    """The skip-logit offset of every router under `mode` (see the module docstring)."""
+    if mode not in FIT_MODES:
+        raise ValueError(f"fit mode must be one of {FIT_MODES}, got {mode!r}")
+    if mode == "none":
+        return dict.fromkeys(margins, 0.0)
+    if mode == "router":
+        return {key: fit_skip_bias(m, expected[key]) for key, m in margins.items()}
+    if mode == "kind":
+        out = {}
+        for kind in ("attn", "ffn"):
+            keys = [key for key in margins if key[1] == kind]
+            target = sum(expected[k] for k in keys) / len(keys)
+            def mean_rate(x: float, keys: list[Key] = keys) -> float:
+                return sum(((margins[k] + x) > 0).float().mean().item() for k in keys) / len(keys)
+
+            d = _bisect(mean_rate, target)
+            out.update(dict.fromkeys(keys, d))
+        return out
+    target = _overall(expected)
+    d = _bisect(lambda x: _overall(_rates(margins, dict.fromkeys(margins, x))), target)
+    return dict.fromkeys(margins, d)
+
+
+@torch.no_grad()
+def fit_thresholds(wm, batches: Iterable[dict], device: torch.device, mode: str = "router") -> dict:
+    """Fit and set every router's skip_bias; return the argmax skip rates before and after."""
+    margins, expected = collect_margins(wm, batches, device)
+    deltas = fit_offsets(margins, expected, mode)
+    for (i, k), d in deltas.items():
+        getattr(wm.routers[i], k).skip_bias.fill_(d)
+    name = lambda key: f"{key[1]}{key[0]}"  # noqa: E731
+    before = {name(k): v for k, v in _rates(margins, dict.fromkeys(margins, 0.0)).items()}
+    after = {name(k): v for k, v in _rates(margins, deltas).items()}
+    return {"mode": mode, "argmax_skip_before": before, "argmax_skip_after": after,
+            "expected_gumbel_skip": {name(k): v for k, v in expected.items()}}
