@@ -144,6 +144,15 @@ def cmd_bench(a: argparse.Namespace) -> int:
         rows = run_kernel_bench(a.out, quick=a.quick)
         print(f"{len(rows)} records in {time.time() - t:.0f}s -> {a.out}")
         return 0
+    if a.what == "e2e":
+        from wide.bench.e2e import run_e2e_bench
+
+        t = time.time()
+        rows = run_e2e_bench(a.out, quick=a.quick)
+        for r in rows:
+            print({k: round(v, 4) if isinstance(v, float) else v for k, v in r.items() if k != "gpu"})
+        print(f"{len(rows)} records in {time.time() - t:.0f}s -> {a.out}")
+        return 0
     raise SystemExit(f"unknown benchmark {a.what!r}")
 
 
@@ -243,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.set_defaults(func=cmd_viz)
 
     b = sub.add_parser("bench", help="GPU benchmarks")
-    b.add_argument("what", choices=["kernels"])
+    b.add_argument("what", choices=["kernels", "e2e"])
     b.add_argument("--out", default="bench/results")
     b.add_argument("--quick", action="store_true")
     b.set_defaults(func=cmd_bench)

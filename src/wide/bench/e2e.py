@@ -1,0 +1,144 @@
+"""End-to-end latency: TTFT (prefill) and TPOT (one decode step at a fixed context), WIDE vs dense
+through the same runtime (`wide.runtime`), Llama-3.1-8B shapes with random weights.
+
+Routers get random weights and per-router thresholds fitted so that argmax routing skips the target
+fraction of groups on this model's own hidden states: token-dependent masks at the target rate, with
+the routers' cost included. Decode steps are timed as CUDA-graph replays; prefill with CUDA events.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import torch
+
+from wide.config import WideConfig
+from wide.model import WideModel
+from wide.runtime import GraphedDecode, WideRuntime
+from wide.train.threshold_fit import collect_margins, fit_offsets
+
+LLAMA_8B = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                intermediate_size=14336, vocab_size=128256, max_position_embeddings=32768)
+
+
+def build_model(shape: dict, device: str, dtype: torch.dtype):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(LlamaConfig(**shape)).eval()
+    finally:
+        torch.set_default_dtype(prev)
+    model.config.wide_model_id = "random-llama"
+    return model
+
+
+def routers_at(wm: WideModel, rate: float, tokens: torch.Tensor) -> None:
+    """Random router weights; thresholds fitted so argmax skips `rate` of groups on `tokens`."""
+    for r in wm.routers:
+        for router in (r.attn, r.ffn):
+            torch.nn.init.normal_(router.up.weight, std=1.0)
+    batch = {"input_ids": tokens, "attention_mask": torch.ones_like(tokens, dtype=torch.bool)}
+    margins, _ = collect_margins(wm, [batch], tokens.device)
+    for (i, k), d in fit_offsets(margins, dict.fromkeys(margins, rate), "router").items():
+        getattr(wm.routers[i], k).skip_bias.fill_(d)
+
+
+def _time_ms(fn, reps: int, device: str) -> float:
+    if device != "cuda":
+        t = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        return (time.perf_counter() - t) / reps * 1e3
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return sorted(times)[len(times) // 2]
+
+
+def measure(wm: WideModel, routed: bool, *, batch: int, prompt: int, context: int, device: str,
+            reps: int, graph: bool) -> dict:
+    """TTFT of a `prompt`-token prefill and TPOT of one decode step at `context` cached tokens."""
+    rt = WideRuntime(wm, max_batch=batch, max_seq=max(prompt, context) + 8, routed=routed)
+    vocab = wm.dims.vocab
+    ids = torch.randint(0, vocab, (batch, prompt), device=device)
+
+    def prefill():
+        rt.cache.reset()
+        rt.prefill(ids)
+
+    prefill()  # warm-up (compile, autotune)
+    ttft = _time_ms(prefill, reps, device)
+    rt.cache.reset()
+    rt.cache.lens.fill_(context)  # decode against `context` cached tokens (cache contents: random)
+    step_ids = torch.randint(0, vocab, (batch, 1), device=device)
+    if graph and device == "cuda":
+        step = GraphedDecode(rt, batch)
+        lens = rt.cache.lens.clone()
+
+        def decode():
+            rt.cache.lens.copy_(lens)
+            step(step_ids)
+    else:
+        lens = rt.cache.lens.clone()
+
+        def decode():
+            rt.cache.lens.copy_(lens)
+            rt.decode(step_ids)
+
+        decode()
+    tpot = _time_ms(decode, reps * 4, device)
+    return {"ttft_ms": ttft, "tpot_ms": tpot}
+
+
+def run_e2e_bench(out_dir: str | None = None, *, quick: bool = False, shape: dict | None = None,
+                  device: str = "cuda", dtype: torch.dtype = torch.bfloat16,
+                  sparsities=(0.0, 0.25, 0.5, 0.7), batches=(1, 16), prompt: int = 4096,
+                  context: int = 4096, reps: int = 10) -> list[dict]:
+    """Records (dense and WIDE per sparsity and batch) with ttft_ms, tpot_ms and speed-ups over dense."""
+    shape = shape or LLAMA_8B
+    if quick:
+        sparsities, batches, reps = (0.0, 0.5), (1,), 5
+    model = build_model(shape, device, dtype)
+    probe = torch.randint(0, shape["vocab_size"], (1, min(prompt, 512)), device=device)
+    rows: list[dict] = []
+    t0 = time.time()
+    for b in batches:
+        wm = WideModel(model, WideConfig(ffn_group_size=128))
+        dense = measure(wm, False, batch=b, prompt=prompt, context=context, device=device, reps=reps, graph=True)
+        rows.append({"kind": "e2e", "variant": "dense", "B": b, "prompt": prompt, "ctx": context,
+                     "sparsity": 0.0, **dense})
+        for s in sparsities:
+            routers_at(wm, s, probe)
+            wm.start_meter()
+            with torch.no_grad():
+                wm(probe)
+            real = wm.stop_meter()
+            r = measure(wm, True, batch=b, prompt=prompt, context=context, device=device, reps=reps, graph=True)
+            rows.append({"kind": "e2e", "variant": "wide", "B": b, "prompt": prompt, "ctx": context,
+                         "sparsity": s, "real_attn_sparsity": real["attn_sparsity"],
+                         "real_ffn_sparsity": real["ffn_sparsity"], **r,
+                         "ttft_speedup": dense["ttft_ms"] / r["ttft_ms"],
+                         "tpot_speedup": dense["tpot_ms"] / r["tpot_ms"]})
+        wm.detach()
+    meta = {"device": torch.cuda.get_device_name() if device == "cuda" else device,
+            "torch": torch.__version__, "shape": shape, "dtype": str(dtype), "wall_s": time.time() - t0}
+    for r in rows:
+        r["gpu"] = meta["device"]
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, "e2e-h200.json"), "w") as f:
+            json.dump(rows, f, indent=1)
+        with open(os.path.join(out_dir, "e2e-h200.meta.json"), "w") as f:
+            json.dump(meta, f, indent=1)
+    return rows
