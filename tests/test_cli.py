@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from tests.conftest import tiny_model
 from wide.cli import main
@@ -90,3 +91,25 @@ def test_viz_writes_plots(tiny_dir, text_file, tmp_path):
                  str(plots), "--device", "cpu"]) == 0
     for name in ("layer_sparsity.png", "token_routing.png", "training.png", "layer_sparsity.json"):
         assert (plots / name).stat().st_size > 0, name
+
+
+def test_refit_changes_thresholds_not_weights(tiny_dir, text_file, tmp_path):
+    from safetensors.torch import load_file
+
+    out = tmp_path / "run"
+    assert main(["calibrate", "--model", str(tiny_dir), "--data", str(text_file), "--steps", "2", "--seq-len",
+                 "32", "--batch-size", "2", "--ffn-group-size", "16", "--router-rank", "8", "--fit-mode", "none",
+                 "--out", str(out), "--device", "cpu"]) == 0
+    before = load_file(str(out / "routers.safetensors"))
+    assert main(["refit", "--model", str(tiny_dir), "--routers", str(out), "--data", str(text_file), "--mode",
+                 "global", "--batches", "2", "--batch-size", "2", "--seq-len", "32", "--out", str(tmp_path / "r2"),
+                 "--device", "cpu"]) == 0
+    after = load_file(str(tmp_path / "r2" / "routers.safetensors"))
+    for k in before:
+        if k.endswith("skip_bias"):
+            continue
+        assert torch.equal(before[k], after[k]), k
+    biases = {float(v) for k, v in after.items() if k.endswith("skip_bias")}
+    assert len(biases) == 1  # global mode: one offset everywhere
+    meta = json.loads((tmp_path / "r2" / "wide_config.json").read_text())
+    assert meta["training"]["refits"][-1]["mode"] == "global" and meta["training"]["steps"] == 2

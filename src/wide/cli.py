@@ -93,7 +93,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
     device = _device(a.device)
     res = run_eval(a.model, a.routers or [], a.tasks, data_dir=a.data_dir, limit=a.limit,
                    batch_size=a.batch_size, max_length=a.max_length, dtype=_dtype(a.dtype, device),
-                   device=str(device), out=a.out)
+                   device=str(device), out=a.out, check_wikitext=not a.no_lm_eval_check)
     if not a.out:
         print(json.dumps(res, indent=1, default=str))
     return 0
@@ -105,6 +105,35 @@ def cmd_demo(a: argparse.Namespace) -> int:
 
     run_demo(routers=a.routers, calibrate=a.calibrate, data_dir=a.data_dir, max_tokens=a.max_tokens,
              prompt=a.prompt, device=a.device)
+    return 0
+
+
+# --------------------------------------------------------------------------- refit
+def cmd_refit(a: argparse.Namespace) -> int:
+    from wide.model import load_model, load_routers
+    from wide.paths import data_dir
+    from wide.train.data import DataOrder, load_calibration_data
+    from wide.train.threshold_fit import fit_thresholds
+
+    device = _device(a.device)
+    model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=device)
+    wm = load_routers(model, a.routers)
+    root = data_dir(a.data_dir) if (a.data_dir or not a.data) else None
+    data = a.data or str(root / "redpajama" / "sample_redpajama")
+    ds = load_calibration_data(data, tok, seq_len=a.seq_len, data_root=root)
+    order = DataOrder(len(ds), a.batch_size, seed=a.seed)
+    batches = [ds.batch(order.next_batch()) for _ in range(a.batches)]
+    fit = fit_thresholds(wm, batches, device, a.mode)
+    summary = dict(getattr(wm, "training_summary", {}) or {})
+    summary["skip_bias_fit"] = fit
+    summary.setdefault("refits", []).append({"mode": a.mode, "tokens": a.batches * a.batch_size * a.seq_len,
+                                             "data": str(data), "device": str(device)})
+    wm.save(a.out or a.routers, training=summary)
+    mean = lambda d, k: sum(v for n, v in d.items() if n.startswith(k)) / max(1, sum(n.startswith(k) for n in d))  # noqa: E731
+    for when in ("before", "after"):
+        d = fit[f"argmax_skip_{when}"]
+        print(f"argmax skip {when:>6}: attention {mean(d, 'attn'):.1%}, FFN {mean(d, 'ffn'):.1%}")
+    print(f"wrote {a.out or a.routers}")
     return 0
 
 
@@ -187,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--save-every", type=int, default=200)
     c.add_argument("--log-every", type=int, default=10)
     c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--fit-mode", choices=["router", "kind", "global", "none"], default="router",
+    c.add_argument("--fit-mode", choices=["kind", "router", "global", "none"], default="kind",
                    help="after training, fit argmax thresholds to the Gumbel-time skip rates: per router, "
                    "per kind (attention / FFN), one global offset, or none")
     c.add_argument("--dtype", default="auto", help="model weights: auto (bf16 on GPU, fp32 on CPU), bf16, fp32")
@@ -229,6 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--dtype", default="auto")
     e.add_argument("--device")
     e.add_argument("--out", help="JSON file (a markdown table is written next to it)")
+    e.add_argument("--no-lm-eval-check", action="store_true",
+                   help="skip re-running WikiText-2 through lm-eval itself to confirm the native number")
     e.set_defaults(func=cmd_eval)
 
     d = sub.add_parser("demo", help="SmolLM2-135M dense vs WIDE: perplexity, sparsity, a continuation")
@@ -239,6 +270,21 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--prompt", default="The history of the city begins")
     d.add_argument("--device")
     d.set_defaults(func=cmd_demo)
+
+    rf = sub.add_parser("refit", help="re-fit the argmax thresholds of a router checkpoint (no training)")
+    rf.add_argument("--model", default="smollm2-135m")
+    rf.add_argument("--routers", required=True)
+    rf.add_argument("--mode", choices=["kind", "router", "global", "none"], default="kind")
+    rf.add_argument("--data")
+    rf.add_argument("--data-dir")
+    rf.add_argument("--batches", type=int, default=4)
+    rf.add_argument("--batch-size", type=int, default=8)
+    rf.add_argument("--seq-len", type=int, default=2048)
+    rf.add_argument("--seed", type=int, default=1)
+    rf.add_argument("--dtype", default="auto")
+    rf.add_argument("--device")
+    rf.add_argument("--out", help="output directory (default: overwrite --routers)")
+    rf.set_defaults(func=cmd_refit)
 
     v = sub.add_parser("viz", help="routing plots: per-layer sparsity, token routing map, training curves")
     v.add_argument("--model", default="smollm2-135m")

@@ -45,7 +45,7 @@ class TrainConfig:
     log_every: int = 10
     save_every: int = 200
     keep_checkpoints: int = 1
-    fit_mode: str = "router"  # argmax threshold fit after training: router | kind | global | none
+    fit_mode: str = "kind"  # argmax threshold fit after training: kind | router | global | none
     fit_batches: int = 4
     data_mode: str = "packed"
     seed: int = 0
@@ -216,7 +216,7 @@ def calibrate(wm: WideModel, dataset, tc: TrainConfig, out_dir: str | Path, *, r
             a_arg, f_arg = wm.skip_rates("_argmax")
             stats += torch.stack([loss.detach(), lm.detach().float(), a.mean().detach(), f.mean().detach(),
                                   a_arg.mean(), f_arg.mean()]) / tc.grad_accum
-            log_state["tokens"] += int(am.sum())
+            log_state["tokens"] += int(batch["attention_mask"].sum())  # on the host copy: no device sync
         torch.nn.utils.clip_grad_norm_(list(params.values()), tc.max_grad_norm)
         opt.step()
         sched.step()
