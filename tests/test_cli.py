@@ -113,3 +113,16 @@ def test_refit_changes_thresholds_not_weights(tiny_dir, text_file, tmp_path):
     assert len(biases) == 1  # global mode: one offset everywhere
     meta = json.loads((tmp_path / "r2" / "wide_config.json").read_text())
     assert meta["training"]["refits"][-1]["mode"] == "global" and meta["training"]["steps"] == 2
+
+
+def test_finetune_then_eval_merges_lora(tiny_dir, text_file, tmp_path):
+    s1, s2 = tmp_path / "s1", tmp_path / "s2"
+    common = ["--model", str(tiny_dir), "--data", str(text_file), "--steps", "2", "--seq-len", "32",
+              "--batch-size", "2", "--device", "cpu"]
+    assert main(["calibrate", *common, "--ffn-group-size", "16", "--router-rank", "8", "--out", str(s1)]) == 0
+    assert main(["finetune", *common, "--routers", str(s1), "--lora-r", "4", "--out", str(s2)]) == 0
+    assert (s2 / "adapter_config.json").is_file() and (s2 / "routers.safetensors").is_file()
+    meta = json.loads((s2 / "wide_config.json").read_text())
+    assert meta["training"]["stage"] == "lora"
+    assert main(["eval", "--model", str(tiny_dir), "--routers", str(s2), "--tasks", "wikitext", "--limit", "1",
+                 "--max-length", "64", "--device", "cpu", "--dtype", "fp32", "--out", str(tmp_path / "e")]) == 0

@@ -1,4 +1,4 @@
-"""The `wide` command: calibrate, eval, demo, bench."""
+"""The `wide` command: calibrate, finetune, refit, eval, viz, demo, bench."""
 
 from __future__ import annotations
 
@@ -24,13 +24,35 @@ def _dtype(name: str, device: torch.device) -> torch.dtype:
             "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}[name]
 
 
+def _training_data(a: argparse.Namespace, tok, seq_len: int, mode: str = "packed"):
+    """(dataset, source) from --data, defaulting to the RedPajama sample under the data root."""
+    from wide.paths import data_dir
+    from wide.train.data import load_calibration_data
+
+    root = data_dir(a.data_dir) if (a.data_dir or not a.data) else None
+    data = a.data or str(root / "redpajama" / "sample_redpajama")
+    ds = load_calibration_data(data, tok, seq_len=seq_len, mode=mode, data_root=root)
+    print(f"training data: {len(ds)} sequences x {seq_len} tokens from {data}", file=sys.stderr)
+    return ds, data
+
+
+def _train_config(a: argparse.Namespace, **extra):
+    from wide.train.calibrate import TrainConfig
+
+    return TrainConfig(steps=a.steps, batch_size=a.batch_size, grad_accum=a.grad_accum, seq_len=a.seq_len,
+                       lr=a.lr, save_every=a.save_every, log_every=a.log_every, seed=a.seed, **extra)
+
+
+def _print_summary(summary: dict) -> None:
+    print(json.dumps({k: v for k, v in summary.items() if k not in ("train_config", "skip_bias_fit")},
+                     indent=1, default=str))
+
+
 # ----------------------------------------------------------------------- calibrate
 def cmd_calibrate(a: argparse.Namespace) -> int:
     from wide.config import WideConfig
     from wide.model import WideModel, load_model
-    from wide.paths import data_dir
-    from wide.train.calibrate import TrainConfig, calibrate
-    from wide.train.data import load_calibration_data
+    from wide.train.calibrate import calibrate
 
     device = _device(a.device)
     cfg = WideConfig(
@@ -38,51 +60,31 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
         sparsity=a.sparsity, attn_sparsity=a.attn_sparsity, ffn_sparsity=a.ffn_sparsity, alpha=a.alpha,
         tau_start=a.tau_start, tau_end=a.tau_end, router_input=a.router_input,
         module_skipping=a.module_skipping, seed=a.seed)
-    tc = TrainConfig(steps=a.steps, batch_size=a.batch_size, grad_accum=a.grad_accum, seq_len=a.seq_len,
-                     lr=a.lr, save_every=a.save_every, log_every=a.log_every, data_mode=a.data_mode,
-                     seed=a.seed, fit_mode=a.fit_mode)
+    tc = _train_config(a, data_mode=a.data_mode, fit_mode=a.fit_mode)
     # Weights stay in the model dtype (bf16 on GPU); the routers are fp32 and autocast handles the rest.
     model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=device)
     wm = WideModel(model, cfg)  # unsupported architectures and bad group sizes fail here, before data
-    root = None
-    try:
-        root = data_dir(a.data_dir)
-    except FileNotFoundError:
-        if a.data_dir:
-            raise
-    data = a.data or str(root / "redpajama" / "sample_redpajama") if root else a.data
-    if not data:
-        raise SystemExit("error: --data is required (no data root found for the default RedPajama sample)")
-    ds = load_calibration_data(data, tok, seq_len=a.seq_len, mode=a.data_mode, data_root=root)
-    print(f"calibration data: {len(ds)} sequences x {a.seq_len} tokens from {data}", file=sys.stderr)
+    ds, data = _training_data(a, tok, a.seq_len, a.data_mode)
     summary = calibrate(wm, ds, tc, a.out, resume=a.resume)
     summary["data"] = str(data)
-    print(json.dumps({k: v for k, v in summary.items() if k not in ("train_config", "skip_bias_fit")},
-                     indent=1, default=str))
+    _print_summary(summary)
     return 0
 
 
 # ------------------------------------------------------------------------ finetune
 def cmd_finetune(a: argparse.Namespace) -> int:
     from wide.model import load_model, load_routers
-    from wide.paths import data_dir
-    from wide.train.calibrate import TrainConfig, calibrate
-    from wide.train.data import load_calibration_data
+    from wide.train.calibrate import calibrate
     from wide.train.lora import apply_lora
 
     device = _device(a.device)
     model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=device)
     adapter = apply_lora(model, r=a.lora_r, alpha=a.lora_alpha, dropout=a.lora_dropout)
     wm = load_routers(model, a.routers)  # hooks go on the LoRA-wrapped modules
-    tc = TrainConfig(steps=a.steps, batch_size=a.batch_size, grad_accum=a.grad_accum, seq_len=a.seq_len,
-                     lr=a.lr, save_every=a.save_every, log_every=a.log_every, seed=a.seed)
-    root = data_dir(a.data_dir) if (a.data_dir or not a.data) else None
-    data = a.data or str(root / "redpajama" / "sample_redpajama")
-    ds = load_calibration_data(data, tok, seq_len=a.seq_len, data_root=root)
-    summary = calibrate(wm, ds, tc, a.out, resume=a.resume, adapter=adapter)
+    ds, data = _training_data(a, tok, a.seq_len)
+    summary = calibrate(wm, ds, _train_config(a), a.out, resume=a.resume, adapter=adapter)
     summary["data"], summary["stage1_routers"] = str(data), str(a.routers)
-    print(json.dumps({k: v for k, v in summary.items() if k not in ("train_config", "skip_bias_fit")},
-                     indent=1, default=str))
+    _print_summary(summary)
     return 0
 
 
@@ -111,16 +113,13 @@ def cmd_demo(a: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- refit
 def cmd_refit(a: argparse.Namespace) -> int:
     from wide.model import load_model, load_routers
-    from wide.paths import data_dir
-    from wide.train.data import DataOrder, load_calibration_data
+    from wide.train.data import DataOrder
     from wide.train.threshold_fit import fit_thresholds
 
     device = _device(a.device)
     model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=device)
     wm = load_routers(model, a.routers)
-    root = data_dir(a.data_dir) if (a.data_dir or not a.data) else None
-    data = a.data or str(root / "redpajama" / "sample_redpajama")
-    ds = load_calibration_data(data, tok, seq_len=a.seq_len, data_root=root)
+    ds, data = _training_data(a, tok, a.seq_len)
     order = DataOrder(len(ds), a.batch_size, seed=a.seed)
     batches = [ds.batch(order.next_batch()) for _ in range(a.batches)]
     fit = fit_thresholds(wm, batches, device, a.mode)
@@ -186,6 +185,17 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------- parser
+def _add_training_args(p: argparse.ArgumentParser, *, lr: float) -> None:
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--grad-accum", type=int, default=1)
+    p.add_argument("--lr", type=float, default=lr)
+    p.add_argument("--save-every", type=int, default=200)
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="wide", description="Token-level dynamic width pruning (WIDE).")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -208,14 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--alpha", type=float, default=20.0)
     c.add_argument("--tau-start", type=float, default=5.0)
     c.add_argument("--tau-end", type=float, default=0.5)
-    c.add_argument("--steps", type=int, default=2000)
-    c.add_argument("--seq-len", type=int, default=2048)
-    c.add_argument("--batch-size", type=int, default=16)
-    c.add_argument("--grad-accum", type=int, default=1)
-    c.add_argument("--lr", type=float, default=2e-3)
-    c.add_argument("--save-every", type=int, default=200)
-    c.add_argument("--log-every", type=int, default=10)
-    c.add_argument("--seed", type=int, default=0)
+    _add_training_args(c, lr=2e-3)
     c.add_argument("--fit-mode", choices=["kind", "router", "global", "none"], default="kind",
                    help="after training, fit argmax thresholds to the Gumbel-time skip rates: per router, "
                    "per kind (attention / FFN), one global offset, or none")
@@ -233,18 +236,11 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--lora-r", type=int, default=16)
     f.add_argument("--lora-alpha", type=int, default=32)
     f.add_argument("--lora-dropout", type=float, default=0.1)
-    f.add_argument("--steps", type=int, default=2000)
-    f.add_argument("--seq-len", type=int, default=2048)
-    f.add_argument("--batch-size", type=int, default=16)
-    f.add_argument("--grad-accum", type=int, default=1)
-    f.add_argument("--lr", type=float, default=2e-4)
-    f.add_argument("--save-every", type=int, default=200)
-    f.add_argument("--log-every", type=int, default=10)
-    f.add_argument("--seed", type=int, default=0)
+    _add_training_args(f, lr=2e-4)
     f.add_argument("--dtype", default="auto")
     f.add_argument("--device")
     f.add_argument("--out", required=True, help="output: routers + LoRA adapter (peft format)")
-    f.add_argument("--resume", action="store_true")
+    f.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     f.set_defaults(func=cmd_finetune)
 
     e = sub.add_parser("eval", help="WikiText-2 perplexity and zero-shot tasks, dense vs routed")
