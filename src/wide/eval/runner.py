@@ -197,21 +197,13 @@ def run_eval(
     load_seconds = time.time() - t_start
     lm_kwargs = dict(max_length=max_length, batch_size=batch_size, softmax_dtype=softmax_dtype)
     rows: dict[str, dict] = {}
+    def evaluate(lm, wm) -> dict:
+        return _evaluate_one(lm, wm, zs, wikitext, task_dir=task_dir, limit=limit, batch_size=batch_size,
+                             max_length=max_length, ppl_max_length=ppl_max_length, data_dir=data_dir,
+                             check_wikitext=check_wikitext)
+
     if dense:
-        lm = WideLM(model, model=base, tokenizer=tok, **lm_kwargs)
-        rows["dense"] = _evaluate_one(
-            lm,
-            None,
-            zs,
-            wikitext,
-            task_dir=task_dir,
-            limit=limit,
-            batch_size=batch_size,
-            max_length=max_length,
-            ppl_max_length=ppl_max_length,
-            data_dir=data_dir,
-            check_wikitext=check_wikitext,
-        )
+        rows["dense"] = evaluate(WideLM(model, model=base, tokenizer=tok, **lm_kwargs), None)
     for r in routers:
         t0 = time.time()
         if (Path(r) / "adapter_config.json").is_file():
@@ -223,20 +215,7 @@ def run_eval(
             m = base
         wm = WideModel.from_pretrained(m, r, strict_base=strict_base).eval()
         try:
-            lm = WideLM(model, routers=r, model=m, tokenizer=tok, wide_model=wm, **lm_kwargs)
-            row = _evaluate_one(
-                lm,
-                wm,
-                zs,
-                wikitext,
-                task_dir=task_dir,
-                limit=limit,
-                batch_size=batch_size,
-                max_length=max_length,
-                ppl_max_length=ppl_max_length,
-                data_dir=data_dir,
-                check_wikitext=check_wikitext,
-            )
+            row = evaluate(WideLM(model, routers=r, model=m, tokenizer=tok, wide_model=wm, **lm_kwargs), wm)
         finally:
             wm.detach()
         row["config"] = wm.config.to_dict()
