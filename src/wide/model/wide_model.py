@@ -143,6 +143,12 @@ class WideModel(nn.Module):
         self.meter.set_token_mask(self.token_mask)
         return self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
 
+    def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Routed final hidden states [B, T, D] (after the final norm), without computing the logits."""
+        self.token_mask = None if attention_mask is None else attention_mask.bool()
+        self.meter.set_token_mask(self.token_mask)
+        return self.model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
     def skip_rates(self, which: str = "") -> tuple[torch.Tensor, torch.Tensor]:
         """Per-layer skip rates [L] (attention, FFN) of the last forward over real tokens.
 

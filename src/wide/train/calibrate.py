@@ -26,6 +26,7 @@ from wide.config import WideConfig
 from wide.model.checkpoint import atomic_write_bytes, save_routers
 from wide.model.wide_model import WideModel
 from wide.routing import sparsity_loss
+from wide.train.loss import chunked_lm_loss
 from wide.train.threshold_fit import FIT_MODES, fit_thresholds
 
 STATE_NAME = "trainer_state.pt"
@@ -47,6 +48,7 @@ class TrainConfig:
     keep_checkpoints: int = 1
     fit_mode: str = "kind"  # argmax threshold fit after training: kind | router | global | none
     fit_batches: int = 4
+    loss_chunk_tokens: int = 8192  # LM loss in chunks of this many tokens (0: the model's own loss)
     data_mode: str = "packed"
     seed: int = 0
     extra: dict = field(default_factory=dict)
@@ -209,7 +211,11 @@ def calibrate(wm: WideModel, dataset, tc: TrainConfig, out_dir: str | Path, *, r
             ids, am = batch["input_ids"].to(device), batch["attention_mask"].to(device)
             labels = batch["labels"].to(device)
             with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
-                lm = wm(ids, attention_mask=am, labels=labels).loss
+                if tc.loss_chunk_tokens:
+                    hidden = wm.hidden_states(ids, attention_mask=am)
+                    lm = chunked_lm_loss(hidden, labels, wm.model.lm_head, tc.loss_chunk_tokens)
+                else:
+                    lm = wm(ids, attention_mask=am, labels=labels).loss
             a, f = wm.skip_rates()
             loss = lm.float() + sparsity_loss(a, f, cfg)
             (loss / tc.grad_accum).backward()
