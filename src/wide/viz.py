@@ -45,15 +45,16 @@ def plot_token_map(tokens: list[str], ffn_exec: torch.Tensor, attn_exec: torch.T
     ffn_exec / attn_exec: [L, T] fractions in [0, 1]."""
     plt = _plt()
     n_layers, n_tok = ffn_exec.shape
-    fig, axes = plt.subplots(2, 1, figsize=(max(6, 0.42 * n_tok), 0.5 + 0.2 * n_layers * 2), sharex=True)
+    fig, axes = plt.subplots(2, 1, figsize=(max(6, 0.42 * n_tok), 1.2 + 0.16 * n_layers * 2), sharex=True,
+                             layout="constrained")
     for ax, data, name in ((axes[0], attn_exec, "attention"), (axes[1], ffn_exec, "FFN")):
         im = ax.imshow(data.numpy(), aspect="auto", cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
         ax.set_ylabel(f"{name}\nlayer")
     axes[1].set_xticks(range(n_tok))
     axes[1].set_xticklabels(tokens, rotation=70, fontsize=8)
     fig.colorbar(im, ax=axes, fraction=0.02, label="groups executed")
-    fig.suptitle(title or "fraction of groups executed per token and layer", y=1.02)
-    fig.savefig(out, dpi=130, bbox_inches="tight")
+    fig.suptitle(title or "fraction of groups executed per token and layer")
+    fig.savefig(out, dpi=130)
     plt.close(fig)
     return Path(out)
 
