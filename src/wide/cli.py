@@ -17,6 +17,13 @@ def _device(name: str | None) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def _train_device(name: str | None) -> torch.device:
+    """Under torchrun: join the process group and use this rank's GPU; else as _device."""
+    from wide.train.distributed import init_from_env
+
+    return init_from_env() or _device(name)
+
+
 def _dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -54,7 +61,7 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     from wide.model import WideModel, load_model
     from wide.train.calibrate import calibrate
 
-    device = _device(a.device)
+    device = _train_device(a.device)
     cfg = WideConfig(
         attn_group_size=a.attn_group_size, ffn_group_size=a.ffn_group_size, router_rank=a.router_rank,
         sparsity=a.sparsity, attn_sparsity=a.attn_sparsity, ffn_sparsity=a.ffn_sparsity, alpha=a.alpha,
@@ -77,7 +84,7 @@ def cmd_finetune(a: argparse.Namespace) -> int:
     from wide.train.calibrate import calibrate
     from wide.train.lora import apply_lora
 
-    device = _device(a.device)
+    device = _train_device(a.device)
     model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=device)
     adapter = apply_lora(model, r=a.lora_r, alpha=a.lora_alpha, dropout=a.lora_dropout)
     wm = load_routers(model, a.routers)  # hooks go on the LoRA-wrapped modules

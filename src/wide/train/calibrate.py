@@ -26,6 +26,8 @@ from wide.config import WideConfig
 from wide.model.checkpoint import atomic_write_bytes, save_routers
 from wide.model.wide_model import WideModel
 from wide.routing import sparsity_loss
+from wide.train.distributed import all_reduce_mean_, barrier, broadcast_, shard
+from wide.train.distributed import world as dist_world
 from wide.train.loss import chunked_lm_loss
 from wide.train.threshold_fit import FIT_MODES, fit_thresholds
 
@@ -129,20 +131,28 @@ def save_trainer_checkpoint(out: Path, step: int, wm: WideModel, opt, sched, ord
                             log_state: dict, adapter=None) -> Path:
     """Write checkpoint-{step}/ completely, then move the `latest` pointer to it (atomic), then prune.
     A kill at any moment leaves `latest` naming a complete checkpoint."""
+    rank, ws = dist_world()
     ckpt = out / f"checkpoint-{step}"
     tmp = out / f".tmp-checkpoint-{step}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_trainable(wm, tmp, adapter, training={"step": step, "partial": True})
-    state = {"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-             "data_order": order.state_dict(), "rng": rng_state(), "tau": wm.tau,
-             "train_config": asdict(tc), "log_state": log_state}
-    torch.save(state, tmp / STATE_NAME)
-    shutil.rmtree(ckpt, ignore_errors=True)
-    tmp.rename(ckpt)
-    atomic_write_bytes(out / LATEST, ckpt.name.encode())
-    olds = sorted((p for p in out.glob("checkpoint-*") if p != ckpt), key=lambda p: int(p.name.split("-")[1]))
-    for p in olds[: max(0, len(olds) - (tc.keep_checkpoints - 1))]:
-        shutil.rmtree(p, ignore_errors=True)
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        save_trainable(wm, tmp, adapter, training={"step": step, "partial": True})
+        state = {"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                 "data_order": order.state_dict(), "rng": rng_state(), "tau": wm.tau,
+                 "train_config": asdict(tc), "log_state": log_state, "world_size": ws}
+        torch.save(state, tmp / STATE_NAME)
+    barrier()
+    if rank > 0:  # every rank keeps its own Gumbel-noise stream
+        torch.save(rng_state(), tmp / f"rng_rank{rank}.pt")
+    barrier()
+    if rank == 0:
+        shutil.rmtree(ckpt, ignore_errors=True)
+        tmp.rename(ckpt)
+        atomic_write_bytes(out / LATEST, ckpt.name.encode())
+        olds = sorted((p for p in out.glob("checkpoint-*") if p != ckpt), key=lambda p: int(p.name.split("-")[1]))
+        for p in olds[: max(0, len(olds) - (tc.keep_checkpoints - 1))]:
+            shutil.rmtree(p, ignore_errors=True)
+    barrier()
     return ckpt
 
 
@@ -168,12 +178,16 @@ def calibrate(wm: WideModel, dataset, tc: TrainConfig, out_dir: str | Path, *, r
     out.mkdir(parents=True, exist_ok=True)
     device = next(wm.model.parameters()).device
     cfg: WideConfig = wm.config
-    seed_everything(tc.seed)
+    rank, ws = dist_world()
+    if tc.batch_size % ws:
+        raise ValueError(f"batch_size {tc.batch_size} must be divisible by the {ws} data-parallel ranks")
+    seed_everything(tc.seed + rank)
     wm.freeze_base()
     params = trainable_parameters(wm, adapter)
     for p in params.values():
         p.requires_grad_(True)
     wm.model.train(adapter is not None)  # stage 1: no dropout at all; stage 2: LoRA dropout on
+    broadcast_([p.data for p in params.values()])  # identical starting point on every rank
     opt = build_optimizer(params, tc)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(tc.steps, tc.warmup_frac))
     order = DataOrder(len(dataset), tc.batch_size, seed=tc.seed)
@@ -196,18 +210,21 @@ def calibrate(wm: WideModel, dataset, tc: TrainConfig, out_dir: str | Path, *, r
         opt.load_state_dict(st["optimizer"])
         sched.load_state_dict(st["scheduler"])
         order.load_state_dict(st["data_order"])
-        set_rng_state(st["rng"])
+        if st.get("world_size", 1) != ws:
+            raise ValueError(f"--resume on {ws} ranks, but the run was started on {st.get('world_size', 1)}")
+        set_rng_state(st["rng"] if rank == 0 else torch.load(ckpt / f"rng_rank{rank}.pt", weights_only=False))
         start, log_state = st["step"], st["log_state"]
     amp = autocast_dtype(device)
     log_path = out / "train_log.jsonl"
     wm.mode = "gumbel"
-    bar = tqdm(total=tc.steps, initial=start, disable=not progress, desc="calibrate", dynamic_ncols=True)
+    bar = tqdm(total=tc.steps, initial=start, disable=not progress or rank > 0, desc="calibrate",
+               dynamic_ncols=True)
     t0 = time.perf_counter() - log_state["elapsed"]
     for step in range(start, tc.steps):
         wm.tau = cfg.tau_at(step, tc.steps)
         stats = torch.zeros(6, device=device)  # loss, lm, attn, ffn, attn_argmax, ffn_argmax
         for _ in range(tc.grad_accum):
-            batch = dataset.batch(order.next_batch())
+            batch = dataset.batch(shard(order.next_batch(), rank, ws))
             ids, am = batch["input_ids"].to(device), batch["attention_mask"].to(device)
             labels = batch["labels"].to(device)
             with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
@@ -222,7 +239,8 @@ def calibrate(wm: WideModel, dataset, tc: TrainConfig, out_dir: str | Path, *, r
             a_arg, f_arg = wm.skip_rates("_argmax")
             stats += torch.stack([loss.detach(), lm.detach().float(), a.mean().detach(), f.mean().detach(),
                                   a_arg.mean(), f_arg.mean()]) / tc.grad_accum
-            log_state["tokens"] += int(batch["attention_mask"].sum())  # on the host copy: no device sync
+            log_state["tokens"] += int(batch["attention_mask"].sum()) * ws  # host copy: no device sync
+        all_reduce_mean_([p.grad for p in params.values() if p.grad is not None])
         torch.nn.utils.clip_grad_norm_(list(params.values()), tc.max_grad_norm)
         opt.step()
         sched.step()
@@ -230,29 +248,34 @@ def calibrate(wm: WideModel, dataset, tc: TrainConfig, out_dir: str | Path, *, r
         bar.update(1)
         done = step + 1
         if done % tc.log_every == 0 or done == tc.steps:
+            all_reduce_mean_([stats])
             s = stats.tolist()
             elapsed = time.perf_counter() - t0
             rec = {"step": done, "loss": s[0], "lm_loss": s[1], "attn_skip": s[2], "ffn_skip": s[3],
                    "attn_skip_argmax": s[4], "ffn_skip_argmax": s[5], "tau": wm.tau,
                    "lr": sched.get_last_lr()[0], "tokens": log_state["tokens"], "elapsed_s": elapsed,
                    "tokens_per_s": log_state["tokens"] / max(elapsed, 1e-9)}
-            with open(log_path, "a") as fh:
-                fh.write(json.dumps(rec) + "\n")
+            if rank == 0:
+                with open(log_path, "a") as fh:
+                    fh.write(json.dumps(rec) + "\n")
             bar.set_postfix(loss=f"{s[1]:.3f}", attn=f"{s[4]:.2f}", ffn=f"{s[5]:.2f}", tau=f"{wm.tau:.2f}")
         if done % tc.save_every == 0 and done < tc.steps:
             log_state["elapsed"] = time.perf_counter() - t0
             save_trainer_checkpoint(out, done, wm, opt, sched, order, tc, log_state, adapter)
     bar.close()
     elapsed = time.perf_counter() - t0
-    summary = {"steps": tc.steps, "tokens": log_state["tokens"], "wall_time_s": elapsed,
+    summary = {"steps": tc.steps, "tokens": log_state["tokens"], "wall_time_s": elapsed, "world_size": ws,
                "tokens_per_s": log_state["tokens"] / max(elapsed, 1e-9), "train_config": asdict(tc),
                "device": str(device), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
     wm.model.eval()
-    if tc.fit_mode != "none":
+    if tc.fit_mode != "none":  # every rank fits on the same batches: identical thresholds everywhere
         fit_order = DataOrder(len(dataset), tc.batch_size, seed=tc.seed + 1)
         batches = [dataset.batch(fit_order.next_batch()) for _ in range(tc.fit_batches)]
+        torch.manual_seed(tc.seed + 1)  # the fit samples Gumbel routes too: same noise on every rank
         summary["skip_bias_fit"] = fit_thresholds(wm, batches, device, tc.fit_mode)
     wm.mode = "argmax"
     summary["stage"] = "lora" if adapter is not None else "calibration"
-    save_trainable(wm, out, adapter, training=summary)
+    if rank == 0:
+        save_trainable(wm, out, adapter, training=summary)
+    barrier()
     return summary
