@@ -67,7 +67,7 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
         sparsity=a.sparsity, attn_sparsity=a.attn_sparsity, ffn_sparsity=a.ffn_sparsity, alpha=a.alpha,
         tau_start=a.tau_start, tau_end=a.tau_end, router_input=a.router_input,
         module_skipping=a.module_skipping, seed=a.seed)
-    tc = _train_config(a, data_mode=a.data_mode, fit_mode=a.fit_mode)
+    tc = _train_config(a, data_mode=a.data_mode, fit_mode=a.fit_mode, compile=a.compile)
     # Weights stay in the model dtype (bf16 on GPU); the routers are fp32 and autocast handles the rest.
     model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=device)
     wm = WideModel(model, cfg)  # unsupported architectures and bad group sizes fail here, before data
@@ -226,6 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--tau-start", type=float, default=5.0)
     c.add_argument("--tau-end", type=float, default=0.5)
     _add_training_args(c, lr=2e-3)
+    c.add_argument("--compile", action="store_true", help="torch.compile the decoder layers (hooks included)")
     c.add_argument("--fit-mode", choices=["kind", "router", "global", "none"], default="kind",
                    help="after training, fit argmax thresholds to the Gumbel-time skip rates: per router, "
                    "per kind (attention / FFN), one global offset, or none")

@@ -59,7 +59,7 @@ class Router(nn.Module):
         raise ValueError(f"router mode must be 'gumbel' or 'argmax', got {mode!r}")
 
 
-def hard_gumbel_execute(logits: torch.Tensor, tau: float) -> torch.Tensor:
+def hard_gumbel_execute(logits: torch.Tensor, tau: float | torch.Tensor) -> torch.Tensor:
     """Hard Gumbel-Softmax over the last axis (2 classes) with straight-through gradient.
 
     logits: [..., N_G, 2] -> execute mask [..., N_G] in {0., 1.} (forward), d/dlogits of the soft

@@ -117,3 +117,16 @@ def test_short_calibration_reaches_target_at_inference(tmp_path, target):
     s = wm2.stop_meter()
     real = 0.5 * (s["attn_sparsity"] + s["ffn_sparsity"])
     assert abs(real - target) < 0.05, s
+
+
+def test_compiled_layers_train_without_recompiling_per_step(tmp_path):
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    wm = _wm()
+    counts = torch._dynamo.utils.counters
+    counts.clear()
+    calibrate(wm, _dataset(), TrainConfig(**{**TC, "compile": True}), tmp_path, progress=False)
+    # τ changes every step: it is read from a tensor, so the frames do not recompile for it
+    assert counts["stats"]["unique_graphs"] <= 6, dict(counts["stats"])
+    assert all(torch.isfinite(p).all() for p in wm.routers.parameters())

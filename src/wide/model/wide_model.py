@@ -78,7 +78,8 @@ class WideModel(nn.Module):
         device = next(model.parameters()).device
         self.routers = nn.ModuleList(LayerRouters(self.dims, self.shape, config) for _ in layers).to(device)
         self.mode: RoutingMode = "argmax"
-        self.tau = config.tau_start
+        # τ lives in a tensor updated in place, so compiled layers read it instead of guarding on it
+        self.register_buffer("_tau", torch.tensor(float(config.tau_start), device=device), persistent=False)
         self.meter = SparsityMeter(FlopModel(self.dims, self.shape, config.router_rank), device)
         self.metering = False
         self.token_mask: torch.Tensor | None = None  # [B, T] bool: real tokens of the current batch
@@ -111,7 +112,7 @@ class WideModel(nn.Module):
             logits = router.logits(x)  # [B, T, N_G, 2]
             argmax_exec = logits[..., SKIP] <= logits[..., EXECUTE]  # [B, T, N_G] bool
             if self.mode == "gumbel":
-                exec_mask = hard_gumbel_execute(logits, self.tau)  # {0., 1.} with ST gradient
+                exec_mask = hard_gumbel_execute(logits, self._tau)  # {0., 1.} with ST gradient
                 self.last_masks[layer][kind + "_argmax"] = argmax_exec
                 self.last_masks[layer][kind + "_logits"] = logits
             else:
@@ -135,6 +136,21 @@ class WideModel(nn.Module):
             return (h * gate,) + tuple(args[1:])
 
         return hook
+
+    @property
+    def tau(self) -> float:
+        """Gumbel-Softmax temperature of training-mode routing."""
+        return float(self._tau)
+
+    @tau.setter
+    def tau(self, value: float) -> None:
+        self._tau.fill_(float(value))
+
+    def compile_layers(self, **kwargs) -> None:
+        """torch.compile every decoder layer (hooks included); τ and the routing mode stay switchable."""
+        layers = decoder_layers(self.model)
+        for i in range(len(layers)):
+            layers[i] = torch.compile(layers[i], **kwargs)
 
     # ------------------------------------------------------------------ running
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):

@@ -51,6 +51,7 @@ class TrainConfig:
     fit_mode: str = "kind"  # argmax threshold fit after training: kind | router | global | none
     fit_batches: int = 4
     loss_chunk_tokens: int = 8192  # LM loss in chunks of this many tokens (0: the model's own loss)
+    compile: bool = False  # torch.compile the decoder layers (hooks included)
     data_mode: str = "packed"
     seed: int = 0
     extra: dict = field(default_factory=dict)
@@ -188,6 +189,8 @@ def calibrate(wm: WideModel, dataset, tc: TrainConfig, out_dir: str | Path, *, r
         p.requires_grad_(True)
     wm.model.train(adapter is not None)  # stage 1: no dropout at all; stage 2: LoRA dropout on
     broadcast_([p.data for p in params.values()])  # identical starting point on every rank
+    if tc.compile:
+        wm.compile_layers()
     opt = build_optimizer(params, tc)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(tc.steps, tc.warmup_frac))
     order = DataOrder(len(dataset), tc.batch_size, seed=tc.seed)
