@@ -112,7 +112,8 @@ class WideModel(nn.Module):
             logits = router.logits(x)  # [B, T, N_G, 2]
             argmax_exec = logits[..., SKIP] <= logits[..., EXECUTE]  # [B, T, N_G] bool
             if self.mode == "gumbel":
-                exec_mask = hard_gumbel_execute(logits, self._tau)  # {0., 1.} with ST gradient
+                # a copy of τ: the autograd graph must not see later in-place updates of the buffer
+                exec_mask = hard_gumbel_execute(logits, self._tau.clone())  # {0., 1.} with ST gradient
                 self.last_masks[layer][kind + "_argmax"] = argmax_exec
                 self.last_masks[layer][kind + "_logits"] = logits
             else:
