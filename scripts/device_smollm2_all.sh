@@ -12,7 +12,8 @@ OUT=${1:-/tmp/out}; STEPS=${2:-600}
 R=$HOME/.cache/wide/runs; mkdir -p "$R" "$OUT"
 start=$(date +%s)
 for s in 25 50; do
-  python3 -m wide.cli calibrate --model smollm2-135m --sparsity 0.$s --ffn-group-size 128 \
+  r=""; [ -f "$R/s$s/latest" ] && r="--resume"   # a warm machine keeps $R: continue a cut-short run
+  python3 -m wide.cli calibrate $r --model smollm2-135m --sparsity 0.$s --ffn-group-size 128 \
     --steps "$STEPS" --batch-size 16 --seq-len 2048 --save-every 100 --log-every 10 --out "$R/s$s" \
     > "$R/calibrate_s$s.log" 2>&1 &
 done
