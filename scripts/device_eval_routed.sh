@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The routed rows of the README's zero-shot table (H200): dense + the shipped SmolLM2 routers on the
+# seven tasks and WikiText-2, full sets, lm-eval protocol (bf16, batch 64, max length 4096).
+# Usage (repo root, after the GGUF part-1 call; carry .device-carry/smol.part.ab, .device-carry/evalwhl,
+# .device-carry/data.tar.xz): bash scripts/device_eval_routed.sh OUT
+set -u
+source scripts/device_setup.sh
+OUT=${1:-/tmp/out}; mkdir -p "$OUT"
+start=$(date +%s)
+python3 -m wide.cli eval --model smollm2-135m \
+  --routers checkpoints/smollm2-135m-s25 checkpoints/smollm2-135m-s50 --tasks all \
+  --dtype bf16 --batch-size 64 --max-length 4096 --out "$OUT/routed" 2>&1 | tr '\r' '\n' | grep -v "it/s\]$" | tail -20
+echo "wall $(( $(date +%s) - start )) s" | tee "$OUT/routed_wall.txt"
