@@ -11,31 +11,44 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tests.conftest import tiny_model
-from tests.train.test_calibrate import _dataset
+from tests.train.test_calibrate import KillAfter, Killed, _dataset
 from wide.config import WideConfig
 from wide.model import WideModel
 from wide.train.calibrate import TrainConfig, calibrate
 
 
-def _worker(rank: int, world: int, init_file: str, out: str, results: dict) -> None:
+def _worker(rank: int, world: int, init_file: str, out: str, results: dict, steps: int = 4,
+            kill_after: int | None = None, resume: bool = False) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         torch.manual_seed(100 + rank)  # different router init per rank: calibrate must broadcast rank 0's
         wm = WideModel(tiny_model("llama"), WideConfig(ffn_group_size=16, router_rank=8, sparsity=0.4))
-        tc = TrainConfig(steps=4, batch_size=4, seq_len=16, save_every=2, log_every=1, fit_batches=1, lr=1e-2)
-        calibrate(wm, _dataset(), tc, out, progress=False)
+        tc = TrainConfig(steps=steps, batch_size=4, seq_len=16, save_every=2, log_every=1, fit_batches=1, lr=1e-2)
+        ds = _dataset() if kill_after is None else KillAfter(_dataset(), kill_after)
+        try:
+            calibrate(wm, ds, tc, out, progress=False, resume=resume)
+        except Killed:
+            results[rank] = "killed"
+            return
         results[rank] = {k: v.clone() for k, v in wm.routers.state_dict().items()}
     finally:
         dist.destroy_process_group()
 
 
+def _spawn(tmp_path, name: str, **kw) -> dict:
+    with mp.Manager() as manager:
+        results = manager.dict()
+        args = (2, str(tmp_path / f"pg-{name}"), str(tmp_path / kw.pop("out")), results, kw.pop("steps", 4),
+                kw.pop("kill_after", None), kw.pop("resume", False))
+        mp.spawn(_worker, args=args, nprocs=2, join=True)
+        return {r: results[r] if isinstance(results[r], str) else dict(results[r]) for r in (0, 1)}
+
+
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
 def test_two_ranks_train_identical_routers(tmp_path):
     out = tmp_path / "run"
-    with mp.Manager() as manager:
-        results = manager.dict()
-        mp.spawn(_worker, args=(2, str(tmp_path / "pg"), str(out), results), nprocs=2, join=True)
-        r0, r1 = dict(results[0]), dict(results[1])
+    res = _spawn(tmp_path, "a", out="run")
+    r0, r1 = res[0], res[1]
     for k in r0:
         assert torch.equal(r0[k], r1[k]), k
     logs = (out / "train_log.jsonl").read_text().splitlines()
@@ -44,6 +57,16 @@ def test_two_ranks_train_identical_routers(tmp_path):
     assert meta["training"]["world_size"] == 2
     assert (out / "checkpoint-2" / "rng_rank1.pt").is_file()
     assert os.path.isfile(out / "routers.safetensors")
+
+
+@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
+def test_two_rank_resume_equals_uninterrupted(tmp_path):
+    full = _spawn(tmp_path, "full", out="full", steps=6)
+    killed = _spawn(tmp_path, "kill", out="run", steps=6, kill_after=5)  # dies in step 6, after checkpoint-4
+    assert killed == {0: "killed", 1: "killed"}
+    resumed = _spawn(tmp_path, "resume", out="run", steps=6, resume=True)
+    for k in full[0]:
+        assert torch.equal(full[0][k], resumed[0][k]), k
 
 
 def test_batch_must_split_evenly(monkeypatch):
