@@ -21,14 +21,22 @@ def speedup(rows, **key) -> str:
 def main() -> None:
     rows = json.loads((RES / "kernels-h200.json").read_text())
     meta = json.loads((RES / "kernels-h200.meta.json").read_text())
-    print(f"GEMMs (speed-up over cuBLAS `F.linear`, bf16, i.i.d. random masks; {meta['gpu']}, "
-          f"torch {meta['versions']['torch']}, triton {meta['versions']['triton']}):\n")
+    print(
+        f"GEMMs (speed-up over cuBLAS `F.linear`, bf16, i.i.d. random masks; {meta['gpu']}, "
+        f"torch {meta['versions']['torch']}, triton {meta['versions']['triton']}):\n"
+    )
     print("| op (G) | M=1 50% | M=1 0% | M=4096 50% | M=4096 0% | M=16384 50% | M=16384 0% |")
     print("|---|---|---|---|---|---|---|")
-    for kind, op, g in (("gemm_mn", "q", 512), ("gemm_mn_swiglu", "gate_up", 128), ("gemm_mn_swiglu", "gate_up", 32),
-                        ("gemm_k", "o", 512), ("gemm_k", "down", 128)):
-        cells = [speedup(rows, kind=kind, op=op, group_size=g, M=m, sparsity=s)
-                 for m in (1, 4096, 16384) for s in (0.5, 0.0)]
+    for kind, op, g in (
+        ("gemm_mn", "q", 512),
+        ("gemm_mn_swiglu", "gate_up", 128),
+        ("gemm_mn_swiglu", "gate_up", 32),
+        ("gemm_k", "o", 512),
+        ("gemm_k", "down", 128),
+    ):
+        cells = [
+            speedup(rows, kind=kind, op=op, group_size=g, M=m, sparsity=s) for m in (1, 4096, 16384) for s in (0.5, 0.0)
+        ]
         print(f"| {op} ({g}) | " + " | ".join(cells) + " |")
     # the full attention sweep (bench/results/attention-h200.json) when present, else the quick records
     full = RES / "attention-h200.json"

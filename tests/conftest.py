@@ -15,15 +15,30 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def tiny_model(family: str = "llama", *, layers: int = 2, hidden: int = 64, heads: int = 4, kv: int = 2,
-               inter: int = 128, vocab: int = 101, seed: int = 0):
+def tiny_model(
+    family: str = "llama",
+    *,
+    layers: int = 2,
+    hidden: int = 64,
+    heads: int = 4,
+    kv: int = 2,
+    inter: int = 128,
+    vocab: int = 101,
+    seed: int = 0,
+):
     """A randomly initialised causal LM of the given family, fp32, eval mode."""
     import transformers as tf
 
     torch.manual_seed(seed)
-    common = dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                  num_key_value_heads=kv, intermediate_size=inter, vocab_size=vocab,
-                  max_position_embeddings=256)
+    common = dict(
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        intermediate_size=inter,
+        vocab_size=vocab,
+        max_position_embeddings=256,
+    )
     cls = {
         "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
         "mistral": (tf.MistralConfig, tf.MistralForCausalLM),

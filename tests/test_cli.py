@@ -35,9 +35,31 @@ def text_file(tmp_path):
 
 def test_calibrate_then_resume(tiny_dir, text_file, tmp_path, capsys):
     out = tmp_path / "run"
-    args = ["calibrate", "--model", str(tiny_dir), "--data", str(text_file), "--steps", "4", "--seq-len", "32",
-            "--batch-size", "2", "--ffn-group-size", "16", "--router-rank", "8", "--sparsity", "0.3",
-            "--save-every", "2", "--out", str(out), "--device", "cpu"]
+    args = [
+        "calibrate",
+        "--model",
+        str(tiny_dir),
+        "--data",
+        str(text_file),
+        "--steps",
+        "4",
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "2",
+        "--ffn-group-size",
+        "16",
+        "--router-rank",
+        "8",
+        "--sparsity",
+        "0.3",
+        "--save-every",
+        "2",
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+    ]
     assert main(args) == 0
     meta = json.loads((out / "wide_config.json").read_text())
     assert meta["base_model"] == str(tiny_dir) and meta["config"]["sparsity"] == 0.3
@@ -46,11 +68,39 @@ def test_calibrate_then_resume(tiny_dir, text_file, tmp_path, capsys):
 
 
 def test_cli_errors_are_clear(tiny_dir, tmp_path, capsys):
-    rc = main(["calibrate", "--model", str(tiny_dir), "--data", str(tmp_path / "missing.jsonl"),
-               "--steps", "1", "--out", str(tmp_path / "o"), "--device", "cpu"])
+    rc = main(
+        [
+            "calibrate",
+            "--model",
+            str(tiny_dir),
+            "--data",
+            str(tmp_path / "missing.jsonl"),
+            "--steps",
+            "1",
+            "--out",
+            str(tmp_path / "o"),
+            "--device",
+            "cpu",
+        ]
+    )
     assert rc == 2 and "missing.jsonl" in capsys.readouterr().err
-    rc = main(["calibrate", "--model", str(tiny_dir), "--data", str(tmp_path), "--ffn-group-size", "24",
-               "--steps", "1", "--out", str(tmp_path / "o"), "--device", "cpu"])
+    rc = main(
+        [
+            "calibrate",
+            "--model",
+            str(tiny_dir),
+            "--data",
+            str(tmp_path),
+            "--ffn-group-size",
+            "24",
+            "--steps",
+            "1",
+            "--out",
+            str(tmp_path / "o"),
+            "--device",
+            "cpu",
+        ]
+    )
     assert rc == 2 and "power of two" in capsys.readouterr().err
 
 
@@ -61,20 +111,79 @@ def test_unsupported_family_via_cli(tiny_dir, tmp_path, capsys):
     d = tmp_path / "gpt2"
     tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=50)).save_pretrained(d)
     AutoTokenizer.from_pretrained(tiny_dir).save_pretrained(d)
-    rc = main(["calibrate", "--model", str(d), "--data", str(tmp_path), "--steps", "1", "--out",
-               str(tmp_path / "o"), "--device", "cpu"])
+    rc = main(
+        [
+            "calibrate",
+            "--model",
+            str(d),
+            "--data",
+            str(tmp_path),
+            "--steps",
+            "1",
+            "--out",
+            str(tmp_path / "o"),
+            "--device",
+            "cpu",
+        ]
+    )
     assert rc == 2 and "unsupported architecture 'gpt2'" in capsys.readouterr().err
 
 
 def test_eval_command_writes_json_and_table(tiny_dir, text_file, tmp_path):
     out = tmp_path / "run"
-    assert main(["calibrate", "--model", str(tiny_dir), "--data", str(text_file), "--steps", "2", "--seq-len",
-                 "32", "--batch-size", "2", "--ffn-group-size", "16", "--router-rank", "8", "--out", str(out),
-                 "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "calibrate",
+                "--model",
+                str(tiny_dir),
+                "--data",
+                str(text_file),
+                "--steps",
+                "2",
+                "--seq-len",
+                "32",
+                "--batch-size",
+                "2",
+                "--ffn-group-size",
+                "16",
+                "--router-rank",
+                "8",
+                "--out",
+                str(out),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     res = tmp_path / "eval"
-    assert main(["eval", "--model", str(tiny_dir), "--routers", str(out), "--tasks", "wikitext,arc_easy",
-                 "--limit", "2", "--max-length", "128", "--batch-size", "2", "--device", "cpu",
-                 "--dtype", "fp32", "--out", str(res)]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                str(tiny_dir),
+                "--routers",
+                str(out),
+                "--tasks",
+                "wikitext,arc_easy",
+                "--limit",
+                "2",
+                "--max-length",
+                "128",
+                "--batch-size",
+                "2",
+                "--device",
+                "cpu",
+                "--dtype",
+                "fp32",
+                "--out",
+                str(res),
+            ]
+        )
+        == 0
+    )
     data = json.loads((tmp_path / "eval.json").read_text())
     text = json.dumps(data)
     assert "attn_sparsity" in text and "word_perplexity" in text and "arc_easy" in text
@@ -83,12 +192,51 @@ def test_eval_command_writes_json_and_table(tiny_dir, text_file, tmp_path):
 
 def test_viz_writes_plots(tiny_dir, text_file, tmp_path):
     out = tmp_path / "run"
-    assert main(["calibrate", "--model", str(tiny_dir), "--data", str(text_file), "--steps", "2", "--seq-len",
-                 "32", "--batch-size", "2", "--ffn-group-size", "16", "--router-rank", "8", "--out", str(out),
-                 "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "calibrate",
+                "--model",
+                str(tiny_dir),
+                "--data",
+                str(text_file),
+                "--steps",
+                "2",
+                "--seq-len",
+                "32",
+                "--batch-size",
+                "2",
+                "--ffn-group-size",
+                "16",
+                "--router-rank",
+                "8",
+                "--out",
+                str(out),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     plots = tmp_path / "plots"
-    assert main(["viz", "--model", str(tiny_dir), "--routers", str(out), "--max-tokens", "256", "--out",
-                 str(plots), "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "viz",
+                "--model",
+                str(tiny_dir),
+                "--routers",
+                str(out),
+                "--max-tokens",
+                "256",
+                "--out",
+                str(plots),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     for name in ("layer_sparsity.png", "token_routing.png", "training.png", "layer_sparsity.json"):
         assert (plots / name).stat().st_size > 0, name
 
@@ -97,13 +245,61 @@ def test_refit_changes_thresholds_not_weights(tiny_dir, text_file, tmp_path):
     from safetensors.torch import load_file
 
     out = tmp_path / "run"
-    assert main(["calibrate", "--model", str(tiny_dir), "--data", str(text_file), "--steps", "2", "--seq-len",
-                 "32", "--batch-size", "2", "--ffn-group-size", "16", "--router-rank", "8", "--fit-mode", "none",
-                 "--out", str(out), "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "calibrate",
+                "--model",
+                str(tiny_dir),
+                "--data",
+                str(text_file),
+                "--steps",
+                "2",
+                "--seq-len",
+                "32",
+                "--batch-size",
+                "2",
+                "--ffn-group-size",
+                "16",
+                "--router-rank",
+                "8",
+                "--fit-mode",
+                "none",
+                "--out",
+                str(out),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     before = load_file(str(out / "routers.safetensors"))
-    assert main(["refit", "--model", str(tiny_dir), "--routers", str(out), "--data", str(text_file), "--mode",
-                 "global", "--batches", "2", "--batch-size", "2", "--seq-len", "32", "--out", str(tmp_path / "r2"),
-                 "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "refit",
+                "--model",
+                str(tiny_dir),
+                "--routers",
+                str(out),
+                "--data",
+                str(text_file),
+                "--mode",
+                "global",
+                "--batches",
+                "2",
+                "--batch-size",
+                "2",
+                "--seq-len",
+                "32",
+                "--out",
+                str(tmp_path / "r2"),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     after = load_file(str(tmp_path / "r2" / "routers.safetensors"))
     for k in before:
         if k.endswith("skip_bias"):
@@ -117,12 +313,46 @@ def test_refit_changes_thresholds_not_weights(tiny_dir, text_file, tmp_path):
 
 def test_finetune_then_eval_merges_lora(tiny_dir, text_file, tmp_path):
     s1, s2 = tmp_path / "s1", tmp_path / "s2"
-    common = ["--model", str(tiny_dir), "--data", str(text_file), "--steps", "2", "--seq-len", "32",
-              "--batch-size", "2", "--device", "cpu"]
+    common = [
+        "--model",
+        str(tiny_dir),
+        "--data",
+        str(text_file),
+        "--steps",
+        "2",
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "2",
+        "--device",
+        "cpu",
+    ]
     assert main(["calibrate", *common, "--ffn-group-size", "16", "--router-rank", "8", "--out", str(s1)]) == 0
     assert main(["finetune", *common, "--routers", str(s1), "--lora-r", "4", "--out", str(s2)]) == 0
     assert (s2 / "adapter_config.json").is_file() and (s2 / "routers.safetensors").is_file()
     meta = json.loads((s2 / "wide_config.json").read_text())
     assert meta["training"]["stage"] == "lora"
-    assert main(["eval", "--model", str(tiny_dir), "--routers", str(s2), "--tasks", "wikitext", "--limit", "1",
-                 "--max-length", "64", "--device", "cpu", "--dtype", "fp32", "--out", str(tmp_path / "e")]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                str(tiny_dir),
+                "--routers",
+                str(s2),
+                "--tasks",
+                "wikitext",
+                "--limit",
+                "1",
+                "--max-length",
+                "64",
+                "--device",
+                "cpu",
+                "--dtype",
+                "fp32",
+                "--out",
+                str(tmp_path / "e"),
+            ]
+        )
+        == 0
+    )

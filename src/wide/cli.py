@@ -27,8 +27,14 @@ def _train_device(name: str | None) -> torch.device:
 def _dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
-            "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}[name]
+    return {
+        "bf16": torch.bfloat16,
+        "bfloat16": torch.bfloat16,
+        "fp16": torch.float16,
+        "float16": torch.float16,
+        "fp32": torch.float32,
+        "float32": torch.float32,
+    }[name]
 
 
 def _training_data(a: argparse.Namespace, tok, seq_len: int, mode: str = "packed"):
@@ -46,13 +52,25 @@ def _training_data(a: argparse.Namespace, tok, seq_len: int, mode: str = "packed
 def _train_config(a: argparse.Namespace, **extra):
     from wide.train.calibrate import TrainConfig
 
-    return TrainConfig(steps=a.steps, batch_size=a.batch_size, grad_accum=a.grad_accum, seq_len=a.seq_len,
-                       lr=a.lr, save_every=a.save_every, log_every=a.log_every, seed=a.seed, **extra)
+    return TrainConfig(
+        steps=a.steps,
+        batch_size=a.batch_size,
+        grad_accum=a.grad_accum,
+        seq_len=a.seq_len,
+        lr=a.lr,
+        save_every=a.save_every,
+        log_every=a.log_every,
+        seed=a.seed,
+        **extra,
+    )
 
 
 def _print_summary(summary: dict) -> None:
-    print(json.dumps({k: v for k, v in summary.items() if k not in ("train_config", "skip_bias_fit")},
-                     indent=1, default=str))
+    print(
+        json.dumps(
+            {k: v for k, v in summary.items() if k not in ("train_config", "skip_bias_fit")}, indent=1, default=str
+        )
+    )
 
 
 # ----------------------------------------------------------------------- calibrate
@@ -63,10 +81,19 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
 
     device = _train_device(a.device)
     cfg = WideConfig(
-        attn_group_size=a.attn_group_size, ffn_group_size=a.ffn_group_size, router_rank=a.router_rank,
-        sparsity=a.sparsity, attn_sparsity=a.attn_sparsity, ffn_sparsity=a.ffn_sparsity, alpha=a.alpha,
-        tau_start=a.tau_start, tau_end=a.tau_end, router_input=a.router_input,
-        module_skipping=a.module_skipping, seed=a.seed)
+        attn_group_size=a.attn_group_size,
+        ffn_group_size=a.ffn_group_size,
+        router_rank=a.router_rank,
+        sparsity=a.sparsity,
+        attn_sparsity=a.attn_sparsity,
+        ffn_sparsity=a.ffn_sparsity,
+        alpha=a.alpha,
+        tau_start=a.tau_start,
+        tau_end=a.tau_end,
+        router_input=a.router_input,
+        module_skipping=a.module_skipping,
+        seed=a.seed,
+    )
     tc = _train_config(a, data_mode=a.data_mode, fit_mode=a.fit_mode, compile=a.compile)
     # Weights stay in the model dtype (bf16 on GPU); the routers are fp32 and autocast handles the rest.
     model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=device)
@@ -100,9 +127,19 @@ def cmd_eval(a: argparse.Namespace) -> int:
     from wide.eval.runner import run_eval
 
     device = _device(a.device)
-    res = run_eval(a.model, a.routers or [], a.tasks, data_dir=a.data_dir, limit=a.limit,
-                   batch_size=a.batch_size, max_length=a.max_length, dtype=_dtype(a.dtype, device),
-                   device=str(device), out=a.out, check_wikitext=not a.no_lm_eval_check)
+    res = run_eval(
+        a.model,
+        a.routers or [],
+        a.tasks,
+        data_dir=a.data_dir,
+        limit=a.limit,
+        batch_size=a.batch_size,
+        max_length=a.max_length,
+        dtype=_dtype(a.dtype, device),
+        device=str(device),
+        out=a.out,
+        check_wikitext=not a.no_lm_eval_check,
+    )
     if not a.out:
         print(json.dumps(res, indent=1, default=str))
     return 0
@@ -112,8 +149,14 @@ def cmd_eval(a: argparse.Namespace) -> int:
 def cmd_demo(a: argparse.Namespace) -> int:
     from wide.demo import run_demo
 
-    run_demo(routers=a.routers, calibrate=a.calibrate, data_dir=a.data_dir, max_tokens=a.max_tokens,
-             prompt=a.prompt, device=a.device)
+    run_demo(
+        routers=a.routers,
+        calibrate=a.calibrate,
+        data_dir=a.data_dir,
+        max_tokens=a.max_tokens,
+        prompt=a.prompt,
+        device=a.device,
+    )
     return 0
 
 
@@ -132,8 +175,9 @@ def cmd_refit(a: argparse.Namespace) -> int:
     fit = fit_thresholds(wm, batches, device, a.mode)
     summary = dict(getattr(wm, "training_summary", {}) or {})
     summary["skip_bias_fit"] = fit
-    summary.setdefault("refits", []).append({"mode": a.mode, "tokens": a.batches * a.batch_size * a.seq_len,
-                                             "data": str(data), "device": str(device)})
+    summary.setdefault("refits", []).append(
+        {"mode": a.mode, "tokens": a.batches * a.batch_size * a.seq_len, "data": str(data), "device": str(device)}
+    )
     wm.save(a.out or a.routers, training=summary)
     mean = lambda d, k: sum(v for n, v in d.items() if n.startswith(k)) / max(1, sum(n.startswith(k) for n in d))  # noqa: E731
     for when in ("before", "after"):
@@ -155,11 +199,24 @@ def cmd_viz(a: argparse.Namespace) -> int:
     model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=device)
     wm = load_routers(model, a.routers)
     wm.start_meter()
-    wikitext_perplexity(model, tok, data_dir=a.data_dir, max_tokens=a.max_tokens, max_length=2048,
-                        batch_size=1, device=device, meter=wm.meter)
+    wikitext_perplexity(
+        model,
+        tok,
+        data_dir=a.data_dir,
+        max_tokens=a.max_tokens,
+        max_length=2048,
+        batch_size=1,
+        device=device,
+        meter=wm.meter,
+    )
     summary = wm.stop_meter()
-    made = [viz.plot_layer_profile(summary["per_layer"], out / "layer_sparsity.png",
-                                   f"skip rate per layer on WikiText-2 ({summary['tokens']} tokens)")]
+    made = [
+        viz.plot_layer_profile(
+            summary["per_layer"],
+            out / "layer_sparsity.png",
+            f"skip rate per layer on WikiText-2 ({summary['tokens']} tokens)",
+        )
+    ]
     toks, ffn, attn = viz.token_routing(wm, tok, a.text)
     made.append(viz.plot_token_map(toks, ffn, attn, out / "token_routing.png"))
     log = Path(a.routers) / "train_log.jsonl"
@@ -209,8 +266,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("calibrate", help="stage 1: train routers on a frozen model")
     c.add_argument("--model", default="smollm2-135m", help="smollm2-135m (embedded), a local path or hub id")
-    c.add_argument("--data", help="text source: .txt/.jsonl/.json/.parquet, a directory, or a hub dataset "
-                   "(default: the RedPajama sample under the data root)")
+    c.add_argument(
+        "--data",
+        help="text source: .txt/.jsonl/.json/.parquet, a directory, or a hub dataset "
+        "(default: the RedPajama sample under the data root)",
+    )
     c.add_argument("--data-dir", help="data root laid out like shared/data (default: $WIDE_DATA)")
     c.add_argument("--data-mode", choices=["packed", "padded"], default="packed")
     c.add_argument("--sparsity", type=float, default=0.5, help="shared target S (paper eq. 6)")
@@ -220,16 +280,23 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--ffn-group-size", type=int, default=128)
     c.add_argument("--router-rank", type=int, default=32)
     c.add_argument("--router-input", choices=["normed", "residual"], default="normed")
-    c.add_argument("--module-skipping", action="store_true",
-                   help="baseline: SkipGPT-style routing of whole attention / FFN blocks per token")
+    c.add_argument(
+        "--module-skipping",
+        action="store_true",
+        help="baseline: SkipGPT-style routing of whole attention / FFN blocks per token",
+    )
     c.add_argument("--alpha", type=float, default=20.0)
     c.add_argument("--tau-start", type=float, default=5.0)
     c.add_argument("--tau-end", type=float, default=0.5)
     _add_training_args(c, lr=2e-3)
     c.add_argument("--compile", action="store_true", help="torch.compile the decoder layers (hooks included)")
-    c.add_argument("--fit-mode", choices=["kind", "router", "global", "none"], default="kind",
-                   help="after training, fit argmax thresholds to the Gumbel-time skip rates: per router, "
-                   "per kind (attention / FFN), one global offset, or none")
+    c.add_argument(
+        "--fit-mode",
+        choices=["kind", "router", "global", "none"],
+        default="kind",
+        help="after training, fit argmax thresholds to the Gumbel-time skip rates: per router, "
+        "per kind (attention / FFN), one global offset, or none",
+    )
     c.add_argument("--dtype", default="auto", help="model weights: auto (bf16 on GPU, fp32 on CPU), bf16, fp32")
     c.add_argument("--device")
     c.add_argument("--out", required=True, help="output directory (checkpoints, log, final routers)")
@@ -262,8 +329,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--dtype", default="auto")
     e.add_argument("--device")
     e.add_argument("--out", help="JSON file (a markdown table is written next to it)")
-    e.add_argument("--no-lm-eval-check", action="store_true",
-                   help="skip re-running WikiText-2 through lm-eval itself to confirm the native number")
+    e.add_argument(
+        "--no-lm-eval-check",
+        action="store_true",
+        help="skip re-running WikiText-2 through lm-eval itself to confirm the native number",
+    )
     e.set_defaults(func=cmd_eval)
 
     d = sub.add_parser("demo", help="SmolLM2-135M dense vs WIDE: perplexity, sparsity, a continuation")

@@ -124,8 +124,13 @@ class WideConfig:
         """Resolve group sizes against a model; raise with the valid choices when they do not fit."""
         hq, gqa = dims.n_q_heads, dims.gqa_group
         if self.module_skipping:
-            return RoutingShape(attn_heads_per_group=hq, attn_groups=1, ffn_group_size=dims.intermediate,
-                                ffn_groups=1, gqa_aligned=False)
+            return RoutingShape(
+                attn_heads_per_group=hq,
+                attn_groups=1,
+                ffn_group_size=dims.intermediate,
+                ffn_groups=1,
+                gqa_aligned=False,
+            )
         heads = self.attn_group_size or gqa
         if hq % heads:
             valid = [h for h in range(1, hq + 1) if hq % h == 0]
@@ -145,8 +150,7 @@ class WideConfig:
         if dims.intermediate % g:
             valid = [2**k for k in range(4, 12) if dims.intermediate % 2**k == 0]
             raise WideConfigError(
-                f"ffn_group_size={g} does not divide the intermediate size {dims.intermediate}; "
-                f"valid choices: {valid}"
+                f"ffn_group_size={g} does not divide the intermediate size {dims.intermediate}; valid choices: {valid}"
             )
         return RoutingShape(
             attn_heads_per_group=heads,

@@ -19,7 +19,8 @@ def shipped_routers() -> list[Path]:
     found = [CHECKPOINTS / n for n in SHIPPED if (CHECKPOINTS / n / "wide_config.json").is_file()]
     if not found:
         raise FileNotFoundError(
-            f"no shipped routers under {CHECKPOINTS}; pass --routers DIR or run `wide demo --calibrate`")
+            f"no shipped routers under {CHECKPOINTS}; pass --routers DIR or run `wide demo --calibrate`"
+        )
     return found
 
 
@@ -33,9 +34,11 @@ def _short_calibration(model, tokenizer, data_dir: str | None, out: Path) -> Pat
     ds = load_calibration_data(root / "redpajama" / "sample_redpajama", tokenizer, seq_len=256)
     wm = WideModel(model, WideConfig(sparsity=0.5))
     tc = TrainConfig(steps=40, batch_size=4, seq_len=256, lr=5e-3, log_every=5, save_every=1000, fit_batches=2)
-    print(f"calibrating routers: {tc.steps} steps x {tc.batch_size} x {tc.seq_len} tokens on the CPU. This shows "
-          "the mechanics only: 40 steps cannot teach 50% routing (the loss is still falling after 1,000 GPU "
-          "steps of 16 x 2,048 tokens), so expect a broken model; the shipped routers are the quality reference.")
+    print(
+        f"calibrating routers: {tc.steps} steps x {tc.batch_size} x {tc.seq_len} tokens on the CPU. This shows "
+        "the mechanics only: 40 steps cannot teach 50% routing (the loss is still falling after 1,000 GPU "
+        "steps of 16 x 2,048 tokens), so expect a broken model; the shipped routers are the quality reference."
+    )
     calibrate(wm, ds, tc, out)
     wm.detach()
     return out
@@ -45,7 +48,7 @@ def _continue(model, tokenizer, prompt: str, n: int = 30) -> str:
     ids = tokenizer(prompt, return_tensors="pt").input_ids.to(next(model.parameters()).device)
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=tokenizer.pad_token_id)
-    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
 
 def _fmt_ppl(r: dict) -> str:
@@ -54,9 +57,15 @@ def _fmt_ppl(r: dict) -> str:
     return f"{word} | token ppl {r['token_perplexity']:7.2f}"
 
 
-def run_demo(*, routers: str | None = None, calibrate: bool = False, data_dir: str | None = None,
-             max_tokens: int = 8192, prompt: str = "The history of the city begins",
-             device: str | None = None) -> dict:
+def run_demo(
+    *,
+    routers: str | None = None,
+    calibrate: bool = False,
+    data_dir: str | None = None,
+    max_tokens: int = 8192,
+    prompt: str = "The history of the city begins",
+    device: str | None = None,
+) -> dict:
     """Print dense vs WIDE perplexity on a WikiText-2 slice, the real sparsity and FLOP saving, and a
     greedy continuation from each model. Returns the numbers."""
     from wide.eval.perplexity import wikitext_perplexity
@@ -68,27 +77,36 @@ def run_demo(*, routers: str | None = None, calibrate: bool = False, data_dir: s
         routers = str(_short_calibration(model, tok, data_dir, Path(tempfile.mkdtemp(prefix="wide-demo-"))))
     ckpts = [Path(routers)] if routers else shipped_routers()
     print(f"model: SmolLM2-135M (embedded GGUF, fp32, {dev}); routers: {', '.join(map(str, ckpts))}")
-    print(f"WikiText-2 test, first {max_tokens} tokens only (a CPU slice; the README's numbers are the "
-          f"full set on the H200)")
+    print(
+        f"WikiText-2 test, first {max_tokens} tokens only (a CPU slice; the README's numbers are the "
+        f"full set on the H200)"
+    )
 
     def ppl(meter=None) -> dict:
-        return wikitext_perplexity(model, tok, data_dir=data_dir, max_tokens=max_tokens, max_length=2048,
-                                   batch_size=1, device=dev, meter=meter)
+        return wikitext_perplexity(
+            model, tok, data_dir=data_dir, max_tokens=max_tokens, max_length=2048, batch_size=1, device=dev, meter=meter
+        )
 
     results = {"dense": {"ppl": ppl(), "text": _continue(model, tok, prompt)}}
     for ckpt in ckpts:
         wm = load_routers(model, ckpt)
         wm.start_meter()
         r = ppl(wm.meter)
-        results[ckpt.name] = {"ppl": r, "sparsity": wm.stop_meter(), "text": _continue(model, tok, prompt),
-                              "target": wm.config.sparsity}
+        results[ckpt.name] = {
+            "ppl": r,
+            "sparsity": wm.stop_meter(),
+            "text": _continue(model, tok, prompt),
+            "target": wm.config.sparsity,
+        }
         wm.detach()
     print()
     print(f"  {'dense':<26} {_fmt_ppl(results['dense']['ppl'])}")
     for name, r in list(results.items())[1:]:
         sp = r["sparsity"]
-        print(f"  {name + ' (S=' + format(r['target'], '.0%') + ')':<26} {_fmt_ppl(r['ppl'])} | real sparsity "
-              f"attn {sp['attn_sparsity']:.1%} / FFN {sp['ffn_sparsity']:.1%} | FLOPs removed {sp['flop_saving']:.1%}")
+        print(
+            f"  {name + ' (S=' + format(r['target'], '.0%') + ')':<26} {_fmt_ppl(r['ppl'])} | real sparsity "
+            f"attn {sp['attn_sparsity']:.1%} / FFN {sp['ffn_sparsity']:.1%} | FLOPs removed {sp['flop_saving']:.1%}"
+        )
     print("  (FLOPs removed counts the dense K/V projections, attention scores, lm_head and the routers)")
     print(f"\n  prompt: {prompt!r}")
     for name, r in results.items():

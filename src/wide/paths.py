@@ -13,8 +13,12 @@ def _candidates() -> list[Path]:
     here = Path(__file__).resolve()
     repo = here.parents[2]  # src/wide/paths.py -> repo root (editable installs)
     cwd = Path.cwd()
-    return [cwd / "shared" / "data", cwd.parent / "shared" / "data", repo / "shared" / "data",
-            repo.parent / "shared" / "data"]
+    return [
+        cwd / "shared" / "data",
+        cwd.parent / "shared" / "data",
+        repo / "shared" / "data",
+        repo.parent / "shared" / "data",
+    ]
 
 
 def data_dir(override: str | os.PathLike | None = None) -> Path:

@@ -83,8 +83,10 @@ def sparsity_loss(attn_skip: torch.Tensor, ffn_skip: torch.Tensor, config: WideC
     """α·|S − mean_l ½(skip_attn_l + skip_ffn_l)| (eq. 6), or with separate targets
     α/2·(|S_a − mean skip_attn| + |S_f − mean skip_ffn|) (eq. 22). Inputs: per-layer rates [L]."""
     if config.separate_targets:
-        return config.alpha / 2 * (
-            (config.attn_sparsity - attn_skip.mean()).abs() + (config.ffn_sparsity - ffn_skip.mean()).abs()
+        return (
+            config.alpha
+            / 2
+            * ((config.attn_sparsity - attn_skip.mean()).abs() + (config.ffn_sparsity - ffn_skip.mean()).abs())
         )
     return config.alpha * (config.sparsity - 0.5 * (attn_skip + ffn_skip).mean()).abs()
 
@@ -101,6 +103,9 @@ def fit_skip_bias(margins: torch.Tensor, target_rate: float) -> float:
     if target_rate >= 1:
         return float(-(m.min() - 1e-3))
     # (margin + δ > 0) for the top target_rate fraction: δ = -quantile(1 - target_rate)
-    q = torch.quantile(m, 1.0 - target_rate) if m.numel() <= 16_000_000 else m.sort().values[
-        int((1.0 - target_rate) * (m.numel() - 1))]
+    q = (
+        torch.quantile(m, 1.0 - target_rate)
+        if m.numel() <= 16_000_000
+        else m.sort().values[int((1.0 - target_rate) * (m.numel() - 1))]
+    )
     return float(-q)

@@ -39,14 +39,16 @@ def plot_layer_profile(per_layer: dict[str, list[float]], out: str | Path, title
     return Path(out)
 
 
-def plot_token_map(tokens: list[str], ffn_exec: torch.Tensor, attn_exec: torch.Tensor, out: str | Path,
-                   title: str = "") -> Path:
+def plot_token_map(
+    tokens: list[str], ffn_exec: torch.Tensor, attn_exec: torch.Tensor, out: str | Path, title: str = ""
+) -> Path:
     """Heatmaps of the fraction of groups each token executes, per layer.
     ffn_exec / attn_exec: [L, T] fractions in [0, 1]."""
     plt = _plt()
     n_layers, n_tok = ffn_exec.shape
-    fig, axes = plt.subplots(2, 1, figsize=(max(6, 0.42 * n_tok), 1.2 + 0.16 * n_layers * 2), sharex=True,
-                             layout="constrained")
+    fig, axes = plt.subplots(
+        2, 1, figsize=(max(6, 0.42 * n_tok), 1.2 + 0.16 * n_layers * 2), sharex=True, layout="constrained"
+    )
     for ax, data, name in ((axes[0], attn_exec, "attention"), (axes[1], ffn_exec, "FFN")):
         im = ax.imshow(data.numpy(), aspect="auto", cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
         ax.set_ylabel(f"{name}\nlayer")

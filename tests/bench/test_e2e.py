@@ -8,13 +8,29 @@ import pytest
 
 from wide.bench.e2e import run_e2e_bench
 
-TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            intermediate_size=256, vocab_size=101, max_position_embeddings=128)
+TINY = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=256,
+    vocab_size=101,
+    max_position_embeddings=128,
+)
 
 
 def test_e2e_bench_records(tmp_path):
-    rows = run_e2e_bench(str(tmp_path), shape=TINY, device="cpu", dtype=__import__("torch").float32,
-                         sparsities=(0.0, 0.5), batches=(1, 2), prompt=12, context=20, reps=1)
+    rows = run_e2e_bench(
+        str(tmp_path),
+        shape=TINY,
+        device="cpu",
+        dtype=__import__("torch").float32,
+        sparsities=(0.0, 0.5),
+        batches=(1, 2),
+        prompt=12,
+        context=20,
+        reps=1,
+    )
     assert len(rows) == 6 and {r["variant"] for r in rows} == {"dense", "wide"}
     for r in rows:
         assert r["ttft_ms"] > 0 and r["tpot_ms"] > 0

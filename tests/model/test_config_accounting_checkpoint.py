@@ -15,15 +15,18 @@ from wide.model import CheckpointMismatchError, UnsupportedModelError, WideModel
 DIMS = ModelDims(n_layers=2, hidden=64, n_q_heads=4, n_kv_heads=2, head_dim=16, intermediate=128, vocab=101)
 
 
-@pytest.mark.parametrize("kw, msg", [
-    (dict(ffn_group_size=24), "power of two"),
-    (dict(ffn_group_size=8), "power of two"),
-    (dict(sparsity=1.0), "sparsity"),
-    (dict(attn_sparsity=0.3), "both"),
-    (dict(router_rank=0), "router_rank"),
-    (dict(router_input="hidden"), "router_input"),
-    (dict(tau_end=0), "tau"),
-])
+@pytest.mark.parametrize(
+    "kw, msg",
+    [
+        (dict(ffn_group_size=24), "power of two"),
+        (dict(ffn_group_size=8), "power of two"),
+        (dict(sparsity=1.0), "sparsity"),
+        (dict(attn_sparsity=0.3), "both"),
+        (dict(router_rank=0), "router_rank"),
+        (dict(router_input="hidden"), "router_input"),
+        (dict(tau_end=0), "tau"),
+    ],
+)
 def test_config_errors(kw, msg):
     with pytest.raises(WideConfigError, match=msg):
         WideConfig(**kw)

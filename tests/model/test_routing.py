@@ -96,7 +96,7 @@ def reference_layer(layer, x, cos, sin, attn_exec, ffn_exec, heads_per_group, ff
                     kvh = head // (hq // hk)
                     s = (k[bi, kvh, : ti + 1] @ q[bi, head, ti]) / math.sqrt(d)
                     o = s.softmax(0) @ v[bi, kvh, : ti + 1]  # [d]
-                    acc += at.o_proj.weight[:, head * d:(head + 1) * d] @ o
+                    acc += at.o_proj.weight[:, head * d : (head + 1) * d] @ o
             out[bi, ti] = acc
     x2 = x + out
     h2 = layer.post_attention_layernorm(x2)
@@ -104,8 +104,11 @@ def reference_layer(layer, x, cos, sin, attn_exec, ffn_exec, heads_per_group, ff
     for bi in range(b):
         for ti in range(t):
             groups = torch.nonzero(ffn_exec[bi, ti]).flatten().tolist()
-            idx = torch.cat([torch.arange(g * ffn_group, (g + 1) * ffn_group) for g in groups]) if groups \
+            idx = (
+                torch.cat([torch.arange(g * ffn_group, (g + 1) * ffn_group) for g in groups])
+                if groups
                 else torch.zeros(0, dtype=torch.long)
+            )
             a = F.silu(mlp.gate_proj.weight[idx] @ h2[bi, ti]) * (mlp.up_proj.weight[idx] @ h2[bi, ti])
             y[bi, ti] = mlp.down_proj.weight[:, idx] @ a
     return x2 + y
@@ -125,9 +128,9 @@ def test_masked_path_equals_weight_slicing_reference(family, attn_heads):
         torch.nn.init.normal_(r.ffn.up.weight, std=2.0)
     captured = {}
     layer1 = model.model.layers[1]
+
     def grab_in(module, args, kwargs):
-        captured.update(x=kwargs.get("hidden_states", args[0] if args else None),
-                        pe=kwargs["position_embeddings"])
+        captured.update(x=kwargs.get("hidden_states", args[0] if args else None), pe=kwargs["position_embeddings"])
 
     h_in = layer1.register_forward_pre_hook(grab_in, with_kwargs=True)
     h_out = layer1.register_forward_hook(lambda m, a, o: captured.update(y=o[0] if isinstance(o, tuple) else o))

@@ -19,8 +19,14 @@ def smollm2():
 def test_smollm2_loads_with_expected_shape(smollm2):
     model, tok = smollm2
     c = model.config
-    assert (c.model_type, c.hidden_size, c.num_attention_heads, c.num_key_value_heads,
-            c.intermediate_size, c.num_hidden_layers) == ("llama", 576, 9, 3, 1536, 30)
+    assert (
+        c.model_type,
+        c.hidden_size,
+        c.num_attention_heads,
+        c.num_key_value_heads,
+        c.intermediate_size,
+        c.num_hidden_layers,
+    ) == ("llama", 576, 9, 3, 1536, 30)
     assert model.config.wide_model_id == SMOLLM2 and tok.pad_token_id is not None
 
 

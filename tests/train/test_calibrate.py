@@ -103,8 +103,13 @@ def test_short_calibration_reaches_target_at_inference(tmp_path, target):
     for r in wm.routers:  # start far from the target
         r.attn.up.bias.data.view(-1, 2)[:, 1] = -3.0
         r.ffn.up.bias.data.view(-1, 2)[:, 1] = -3.0
-    summary = calibrate(wm, ds, TrainConfig(steps=80, batch_size=8, seq_len=32, lr=2e-2, log_every=10,
-                                            save_every=1000, fit_batches=4), tmp_path, progress=False)
+    summary = calibrate(
+        wm,
+        ds,
+        TrainConfig(steps=80, batch_size=8, seq_len=32, lr=2e-2, log_every=10, save_every=1000, fit_batches=4),
+        tmp_path,
+        progress=False,
+    )
     assert summary["steps"] == 80
     # real (argmax) sparsity on the data, through a reloaded checkpoint
     wm.detach()

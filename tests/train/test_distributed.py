@@ -17,8 +17,16 @@ from wide.model import WideModel
 from wide.train.calibrate import TrainConfig, calibrate
 
 
-def _worker(rank: int, world: int, init_file: str, out: str, results: dict, steps: int = 4,
-            kill_after: int | None = None, resume: bool = False) -> None:
+def _worker(
+    rank: int,
+    world: int,
+    init_file: str,
+    out: str,
+    results: dict,
+    steps: int = 4,
+    kill_after: int | None = None,
+    resume: bool = False,
+) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         torch.manual_seed(100 + rank)  # different router init per rank: calibrate must broadcast rank 0's
@@ -38,8 +46,15 @@ def _worker(rank: int, world: int, init_file: str, out: str, results: dict, step
 def _spawn(tmp_path, name: str, **kw) -> dict:
     with mp.Manager() as manager:
         results = manager.dict()
-        args = (2, str(tmp_path / f"pg-{name}"), str(tmp_path / kw.pop("out")), results, kw.pop("steps", 4),
-                kw.pop("kill_after", None), kw.pop("resume", False))
+        args = (
+            2,
+            str(tmp_path / f"pg-{name}"),
+            str(tmp_path / kw.pop("out")),
+            results,
+            kw.pop("steps", 4),
+            kw.pop("kill_after", None),
+            kw.pop("resume", False),
+        )
         mp.spawn(_worker, args=args, nprocs=2, join=True)
         return {r: results[r] if isinstance(results[r], str) else dict(results[r]) for r in (0, 1)}
 

@@ -14,8 +14,9 @@ from wide.train.lora import apply_lora
 
 def _stage1(tmp_path):
     wm = WideModel(tiny_model("llama"), WideConfig(ffn_group_size=16, router_rank=8, sparsity=0.4))
-    calibrate(wm, _dataset(), TrainConfig(steps=3, batch_size=4, seq_len=16, fit_batches=1), tmp_path / "s1",
-              progress=False)
+    calibrate(
+        wm, _dataset(), TrainConfig(steps=3, batch_size=4, seq_len=16, fit_batches=1), tmp_path / "s1", progress=False
+    )
     wm.detach()
     return tmp_path / "s1"
 
@@ -29,8 +30,14 @@ def test_lora_stage_trains_adapters_and_merges_back(tmp_path):
     for n, p in model.named_parameters():  # make the adapters non-zero so their path matters
         if "lora_B" in n:
             torch.nn.init.normal_(p, std=0.05)
-    calibrate(wm, _dataset(), TrainConfig(steps=3, batch_size=4, seq_len=16, fit_batches=1, lr=1e-2),
-              tmp_path / "s2", progress=False, adapter=adapter)
+    calibrate(
+        wm,
+        _dataset(),
+        TrainConfig(steps=3, batch_size=4, seq_len=16, fit_batches=1, lr=1e-2),
+        tmp_path / "s2",
+        progress=False,
+        adapter=adapter,
+    )
     assert (tmp_path / "s2" / "adapter_config.json").is_file()
     assert (tmp_path / "s2" / "adapter_model.safetensors").is_file()
     # base weights untouched, LoRA + routers trained

@@ -19,8 +19,15 @@ from wide.model import WideModel
 from wide.runtime import GraphedDecode, WideRuntime
 from wide.train.threshold_fit import collect_margins, fit_offsets
 
-LLAMA_8B = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                intermediate_size=14336, vocab_size=128256, max_position_embeddings=32768)
+LLAMA_8B = dict(
+    hidden_size=4096,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    intermediate_size=14336,
+    vocab_size=128256,
+    max_position_embeddings=32768,
+)
 
 
 def build_model(shape: dict, device: str, dtype: torch.dtype):
@@ -66,8 +73,9 @@ def _time_ms(fn, reps: int, device: str) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def measure(wm: WideModel, routed: bool, *, batch: int, prompt: int, context: int, device: str,
-            reps: int, graph: bool) -> dict:
+def measure(
+    wm: WideModel, routed: bool, *, batch: int, prompt: int, context: int, device: str, reps: int, graph: bool
+) -> dict:
     """TTFT of a `prompt`-token prefill and TPOT of one decode step at `context` cached tokens."""
     rt = WideRuntime(wm, max_batch=batch, max_seq=max(prompt, context) + 8, routed=routed)
     vocab = wm.dims.vocab
@@ -101,10 +109,19 @@ def measure(wm: WideModel, routed: bool, *, batch: int, prompt: int, context: in
     return {"ttft_ms": ttft, "tpot_ms": tpot}
 
 
-def run_e2e_bench(out_dir: str | None = None, *, quick: bool = False, shape: dict | None = None,
-                  device: str = "cuda", dtype: torch.dtype = torch.bfloat16,
-                  sparsities=(0.0, 0.25, 0.5, 0.7), batches=(1, 16), prompt: int = 4096,
-                  context: int = 4096, reps: int = 10) -> list[dict]:
+def run_e2e_bench(
+    out_dir: str | None = None,
+    *,
+    quick: bool = False,
+    shape: dict | None = None,
+    device: str = "cuda",
+    dtype: torch.dtype = torch.bfloat16,
+    sparsities=(0.0, 0.25, 0.5, 0.7),
+    batches=(1, 16),
+    prompt: int = 4096,
+    context: int = 4096,
+    reps: int = 10,
+) -> list[dict]:
     """Records (dense and WIDE per sparsity and batch) with ttft_ms, tpot_ms and speed-ups over dense."""
     shape = shape or LLAMA_8B
     if quick:
@@ -116,8 +133,9 @@ def run_e2e_bench(out_dir: str | None = None, *, quick: bool = False, shape: dic
     for b in batches:
         wm = WideModel(model, WideConfig(ffn_group_size=128))
         dense = measure(wm, False, batch=b, prompt=prompt, context=context, device=device, reps=reps, graph=True)
-        rows.append({"kind": "e2e", "variant": "dense", "B": b, "prompt": prompt, "ctx": context,
-                     "sparsity": 0.0, **dense})
+        rows.append(
+            {"kind": "e2e", "variant": "dense", "B": b, "prompt": prompt, "ctx": context, "sparsity": 0.0, **dense}
+        )
         for s in sparsities:
             routers_at(wm, s, probe)
             wm.start_meter()
@@ -125,14 +143,29 @@ def run_e2e_bench(out_dir: str | None = None, *, quick: bool = False, shape: dic
                 wm(probe)
             real = wm.stop_meter()
             r = measure(wm, True, batch=b, prompt=prompt, context=context, device=device, reps=reps, graph=True)
-            rows.append({"kind": "e2e", "variant": "wide", "B": b, "prompt": prompt, "ctx": context,
-                         "sparsity": s, "real_attn_sparsity": real["attn_sparsity"],
-                         "real_ffn_sparsity": real["ffn_sparsity"], **r,
-                         "ttft_speedup": dense["ttft_ms"] / r["ttft_ms"],
-                         "tpot_speedup": dense["tpot_ms"] / r["tpot_ms"]})
+            rows.append(
+                {
+                    "kind": "e2e",
+                    "variant": "wide",
+                    "B": b,
+                    "prompt": prompt,
+                    "ctx": context,
+                    "sparsity": s,
+                    "real_attn_sparsity": real["attn_sparsity"],
+                    "real_ffn_sparsity": real["ffn_sparsity"],
+                    **r,
+                    "ttft_speedup": dense["ttft_ms"] / r["ttft_ms"],
+                    "tpot_speedup": dense["tpot_ms"] / r["tpot_ms"],
+                }
+            )
         wm.detach()
-    meta = {"device": torch.cuda.get_device_name() if device == "cuda" else device,
-            "torch": torch.__version__, "shape": shape, "dtype": str(dtype), "wall_s": time.time() - t0}
+    meta = {
+        "device": torch.cuda.get_device_name() if device == "cuda" else device,
+        "torch": torch.__version__,
+        "shape": shape,
+        "dtype": str(dtype),
+        "wall_s": time.time() - t0,
+    }
     for r in rows:
         r["gpu"] = meta["device"]
     if out_dir:

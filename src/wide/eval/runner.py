@@ -197,10 +197,21 @@ def run_eval(
     load_seconds = time.time() - t_start
     lm_kwargs = dict(max_length=max_length, batch_size=batch_size, softmax_dtype=softmax_dtype)
     rows: dict[str, dict] = {}
+
     def evaluate(lm, wm) -> dict:
-        return _evaluate_one(lm, wm, zs, wikitext, task_dir=task_dir, limit=limit, batch_size=batch_size,
-                             max_length=max_length, ppl_max_length=ppl_max_length, data_dir=data_dir,
-                             check_wikitext=check_wikitext)
+        return _evaluate_one(
+            lm,
+            wm,
+            zs,
+            wikitext,
+            task_dir=task_dir,
+            limit=limit,
+            batch_size=batch_size,
+            max_length=max_length,
+            ppl_max_length=ppl_max_length,
+            data_dir=data_dir,
+            check_wikitext=check_wikitext,
+        )
 
     if dense:
         rows["dense"] = evaluate(WideLM(model, model=base, tokenizer=tok, **lm_kwargs), None)

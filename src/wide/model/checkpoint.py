@@ -84,7 +84,8 @@ def read_checkpoint_meta(ckpt_dir: str | Path) -> dict:
         raise CheckpointMismatchError(f"{cfg} is not a {FORMAT} file (format={meta.get('format')!r})")
     if meta.get("format_version", 0) > FORMAT_VERSION:
         raise CheckpointMismatchError(
-            f"{cfg} has format_version {meta['format_version']}, newer than this wide ({FORMAT_VERSION})")
+            f"{cfg} has format_version {meta['format_version']}, newer than this wide ({FORMAT_VERSION})"
+        )
     return meta
 
 
@@ -99,28 +100,37 @@ def load_routers(model: nn.Module, ckpt_dir: str | Path, *, strict_base: bool = 
     dims = ModelDims.from_hf_config(model.config)
     saved = ModelDims(**meta["model_dims"])
     if dims != saved:
-        diff = {k: (getattr(saved, k), getattr(dims, k)) for k in dataclasses.asdict(dims)
-                if getattr(saved, k) != getattr(dims, k)}
+        diff = {
+            k: (getattr(saved, k), getattr(dims, k))
+            for k in dataclasses.asdict(dims)
+            if getattr(saved, k) != getattr(dims, k)
+        }
         raise CheckpointMismatchError(
             f"checkpoint {ckpt_dir} was made for {meta.get('base_model')!r} with other dimensions "
-            f"(checkpoint vs model): {diff}")
+            f"(checkpoint vs model): {diff}"
+        )
     model_id = getattr(model.config, "wide_model_id", None)
     if strict_base and model_id and meta.get("base_model") and model_id != meta["base_model"]:
         raise CheckpointMismatchError(
             f"checkpoint {ckpt_dir} was calibrated on {meta['base_model']!r}, not {model_id!r} "
-            "(pass strict_base=False / --no-strict-base to load anyway)")
+            "(pass strict_base=False / --no-strict-base to load anyway)"
+        )
     config = WideConfig.from_dict(meta["config"])
     wm = WideModel(model, config, base_model_id=meta.get("base_model"))
     state = load_file(str(Path(ckpt_dir) / WEIGHTS_NAME))
     own = wm.routers.state_dict()
     missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
-    bad = [f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
-           for k in own if k in state and state[k].shape != own[k].shape]
+    bad = [
+        f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
+        for k in own
+        if k in state and state[k].shape != own[k].shape
+    ]
     if missing or unexpected or bad:
         wm.detach()
         raise CheckpointMismatchError(
             f"router tensors of {ckpt_dir} do not match: missing={missing[:5]} unexpected={unexpected[:5]} "
-            f"shape mismatches={bad[:5]}")
+            f"shape mismatches={bad[:5]}"
+        )
     wm.routers.load_state_dict(state)
     wm.training_summary = meta.get("training", {})
     return wm

@@ -73,8 +73,11 @@ class WideModel(nn.Module):
         self.config = config
         self.dims = ModelDims.from_hf_config(model.config)
         self.shape = config.routing_shape(self.dims)
-        self.base_model_id = base_model_id or getattr(model.config, "wide_model_id", None) or getattr(
-            model.config, "_name_or_path", "unknown")
+        self.base_model_id = (
+            base_model_id
+            or getattr(model.config, "wide_model_id", None)
+            or getattr(model.config, "_name_or_path", "unknown")
+        )
         device = next(model.parameters()).device
         self.routers = nn.ModuleList(LayerRouters(self.dims, self.shape, config) for _ in layers).to(device)
         self.mode: RoutingMode = "argmax"
@@ -125,8 +128,7 @@ class WideModel(nn.Module):
         return hook
 
     def _mask_hook(self, layer: int, kind: str):
-        width = self.shape.attn_heads_per_group * self.dims.head_dim if kind == "attn" else (
-            self.shape.ffn_group_size)
+        width = self.shape.attn_heads_per_group * self.dims.head_dim if kind == "attn" else (self.shape.ffn_group_size)
 
         def hook(module: nn.Module, args: tuple):
             if self.mode == "dense":
@@ -171,9 +173,9 @@ class WideModel(nn.Module):
 
         which="" gives the rates of the masks actually applied (differentiable, straight-through, in
         gumbel mode); which="_argmax" the rates argmax routing would have reached on the same input."""
+
         def rates(kind: str) -> torch.Tensor:
-            return torch.stack([1 - masked_mean(m[kind + which].float(), self.token_mask)
-                                for m in self.last_masks])
+            return torch.stack([1 - masked_mean(m[kind + which].float(), self.token_mask) for m in self.last_masks])
 
         return rates("attn"), rates("ffn")
 

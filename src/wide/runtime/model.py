@@ -59,15 +59,15 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 class WideRuntime:
     """Prefill / decode over a static cache; routed through the kernels (or dense with routed=False)."""
 
-    def __init__(self, wm: WideModel, *, max_batch: int, max_seq: int, routed: bool = True,
-                 gemm_k_algo: str = "auto"):
+    def __init__(self, wm: WideModel, *, max_batch: int, max_seq: int, routed: bool = True, gemm_k_algo: str = "auto"):
         self.wm, self.hf = wm, wm.model
         self.layers = decoder_layers(self.hf)
         d, s = wm.dims, wm.shape
         if routed and s.attn_heads_per_group != d.gqa_group:
             raise ValueError(
                 f"the routed kernels take one attention decision per KV group ({d.gqa_group} heads); these "
-                f"routers decide per {s.attn_heads_per_group} heads: run them with the masked path (WideModel)")
+                f"routers decide per {s.attn_heads_per_group} heads: run them with the masked path (WideModel)"
+            )
         self.routed, self.algo = routed, gemm_k_algo
         self.g_attn = s.attn_heads_per_group * d.head_dim
         self.g_ffn = s.ffn_group_size
@@ -94,8 +94,7 @@ class WideRuntime:
         if self.routed:
             mask = self._decisions(self.wm.routers[i].attn, h)  # [B, T, Hk]
             route = K.reorder(mask)
-            q = self._linear_routed_n(h2, at.q_proj.weight, route, self.g_attn, at.q_proj.bias,
-                                      mask.reshape(b * t, -1))
+            q = self._linear_routed_n(h2, at.q_proj.weight, route, self.g_attn, at.q_proj.bias, mask.reshape(b * t, -1))
         else:
             mask, route, q = None, None, F.linear(h2, at.q_proj.weight, at.q_proj.bias)
         k = F.linear(h2, at.k_proj.weight, at.k_proj.bias)
@@ -118,8 +117,9 @@ class WideRuntime:
         elif self.routed:
             o = K.routed_attention_prefill(q, ck[:b, :t], cv[:b, :t], mask, route=route)
         else:
-            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                               is_causal=True, enable_gqa=True).transpose(1, 2)
+            o = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
+            ).transpose(1, 2)
         o2 = o.reshape(b * t, -1)  # [M, Hq * d]
         if self.routed:
             y = K.routed_gemm_k(o2, at.o_proj.weight, route, self.g_attn, algo=self.algo)
@@ -158,8 +158,10 @@ class WideRuntime:
         """A fresh batch of equal-length prompts ids: [B, T] -> next-token logits [B, V]."""
         b, t = ids.shape
         if t > self.cache.k.shape[2] or b > self.cache.k.shape[1]:
-            raise ValueError(f"prompt batch {tuple(ids.shape)} exceeds the cache (max_batch, max_seq) = "
-                             f"{tuple(self.cache.k.shape[1:3])}")
+            raise ValueError(
+                f"prompt batch {tuple(ids.shape)} exceeds the cache (max_batch, max_seq) = "
+                f"{tuple(self.cache.k.shape[1:3])}"
+            )
         pos = torch.arange(t, device=ids.device).expand(b, t)
         logits = self._forward(ids, pos, decode=False)
         self.cache.lens[:b] = t

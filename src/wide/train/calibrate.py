@@ -83,7 +83,9 @@ def build_optimizer(params: dict[str, torch.nn.Parameter], tc: TrainConfig) -> t
         (no_decay if name.endswith("bias") else decay).append(p)
     return torch.optim.AdamW(
         [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=tc.lr, betas=(0.9, 0.95))
+        lr=tc.lr,
+        betas=(0.9, 0.95),
+    )
 
 
 def warmup_cosine(total_steps: int, warmup_frac: float):
@@ -128,8 +130,9 @@ def save_trainable(wm: WideModel, out: Path, adapter=None, training: dict | None
         adapter.save_pretrained(str(out))
 
 
-def save_trainer_checkpoint(out: Path, step: int, wm: WideModel, opt, sched, order, tc: TrainConfig,
-                            log_state: dict, adapter=None) -> Path:
+def save_trainer_checkpoint(
+    out: Path, step: int, wm: WideModel, opt, sched, order, tc: TrainConfig, log_state: dict, adapter=None
+) -> Path:
     """Write checkpoint-{step}/ completely, then move the `latest` pointer to it (atomic), then prune.
     A kill at any moment leaves `latest` naming a complete checkpoint."""
     rank, ws = dist_world()
@@ -138,9 +141,17 @@ def save_trainer_checkpoint(out: Path, step: int, wm: WideModel, opt, sched, ord
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         save_trainable(wm, tmp, adapter, training={"step": step, "partial": True})
-        state = {"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                 "data_order": order.state_dict(), "rng": rng_state(), "tau": wm.tau,
-                 "train_config": asdict(tc), "log_state": log_state, "world_size": ws}
+        state = {
+            "step": step,
+            "optimizer": opt.state_dict(),
+            "scheduler": sched.state_dict(),
+            "data_order": order.state_dict(),
+            "rng": rng_state(),
+            "tau": wm.tau,
+            "train_config": asdict(tc),
+            "log_state": log_state,
+            "world_size": ws,
+        }
         torch.save(state, tmp / STATE_NAME)
     barrier()
     if rank > 0:  # every rank keeps its own Gumbel-noise stream
@@ -166,8 +177,16 @@ def latest_checkpoint(out: Path) -> Path | None:
 
 
 # -------------------------------------------------------------------------- the loop
-def calibrate(wm: WideModel, dataset, tc: TrainConfig, out_dir: str | Path, *, resume: bool = False,
-              progress: bool = True, adapter=None) -> dict:
+def calibrate(
+    wm: WideModel,
+    dataset,
+    tc: TrainConfig,
+    out_dir: str | Path,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    adapter=None,
+) -> dict:
     """Train the routers of wm on dataset (a wide.train.data.TokenDataset); write checkpoints and the
     final routers into out_dir; return the training summary.
 
@@ -208,8 +227,10 @@ def calibrate(wm: WideModel, dataset, tc: TrainConfig, out_dir: str | Path, *, r
             set_peft_model_state_dict(adapter, load_file(str(ckpt / "adapter_model.safetensors")))
         st = torch.load(ckpt / STATE_NAME, weights_only=False)
         if st["train_config"]["steps"] != tc.steps:
-            raise ValueError(f"--resume with steps={tc.steps} but the run was started with "
-                             f"{st['train_config']['steps']} (the schedule depends on it)")
+            raise ValueError(
+                f"--resume with steps={tc.steps} but the run was started with "
+                f"{st['train_config']['steps']} (the schedule depends on it)"
+            )
         opt.load_state_dict(st["optimizer"])
         sched.load_state_dict(st["scheduler"])
         order.load_state_dict(st["data_order"])
@@ -220,8 +241,7 @@ def calibrate(wm: WideModel, dataset, tc: TrainConfig, out_dir: str | Path, *, r
     amp = autocast_dtype(device)
     log_path = out / "train_log.jsonl"
     wm.mode = "gumbel"
-    bar = tqdm(total=tc.steps, initial=start, disable=not progress or rank > 0, desc="calibrate",
-               dynamic_ncols=True)
+    bar = tqdm(total=tc.steps, initial=start, disable=not progress or rank > 0, desc="calibrate", dynamic_ncols=True)
     t0 = time.perf_counter() - log_state["elapsed"]
     for step in range(start, tc.steps):
         wm.tau = cfg.tau_at(step, tc.steps)
@@ -240,8 +260,19 @@ def calibrate(wm: WideModel, dataset, tc: TrainConfig, out_dir: str | Path, *, r
             loss = lm.float() + sparsity_loss(a, f, cfg)
             (loss / tc.grad_accum).backward()
             a_arg, f_arg = wm.skip_rates("_argmax")
-            stats += torch.stack([loss.detach(), lm.detach().float(), a.mean().detach(), f.mean().detach(),
-                                  a_arg.mean(), f_arg.mean()]) / tc.grad_accum
+            stats += (
+                torch.stack(
+                    [
+                        loss.detach(),
+                        lm.detach().float(),
+                        a.mean().detach(),
+                        f.mean().detach(),
+                        a_arg.mean(),
+                        f_arg.mean(),
+                    ]
+                )
+                / tc.grad_accum
+            )
             log_state["tokens"] += int(batch["attention_mask"].sum()) * ws  # host copy: no device sync
         all_reduce_mean_([p.grad for p in params.values() if p.grad is not None])
         torch.nn.utils.clip_grad_norm_(list(params.values()), tc.max_grad_norm)
@@ -254,10 +285,20 @@ def calibrate(wm: WideModel, dataset, tc: TrainConfig, out_dir: str | Path, *, r
             all_reduce_mean_([stats])
             s = stats.tolist()
             elapsed = time.perf_counter() - t0
-            rec = {"step": done, "loss": s[0], "lm_loss": s[1], "attn_skip": s[2], "ffn_skip": s[3],
-                   "attn_skip_argmax": s[4], "ffn_skip_argmax": s[5], "tau": wm.tau,
-                   "lr": sched.get_last_lr()[0], "tokens": log_state["tokens"], "elapsed_s": elapsed,
-                   "tokens_per_s": log_state["tokens"] / max(elapsed, 1e-9)}
+            rec = {
+                "step": done,
+                "loss": s[0],
+                "lm_loss": s[1],
+                "attn_skip": s[2],
+                "ffn_skip": s[3],
+                "attn_skip_argmax": s[4],
+                "ffn_skip_argmax": s[5],
+                "tau": wm.tau,
+                "lr": sched.get_last_lr()[0],
+                "tokens": log_state["tokens"],
+                "elapsed_s": elapsed,
+                "tokens_per_s": log_state["tokens"] / max(elapsed, 1e-9),
+            }
             if rank == 0:
                 with open(log_path, "a") as fh:
                     fh.write(json.dumps(rec) + "\n")
@@ -267,9 +308,16 @@ def calibrate(wm: WideModel, dataset, tc: TrainConfig, out_dir: str | Path, *, r
             save_trainer_checkpoint(out, done, wm, opt, sched, order, tc, log_state, adapter)
     bar.close()
     elapsed = time.perf_counter() - t0
-    summary = {"steps": tc.steps, "tokens": log_state["tokens"], "wall_time_s": elapsed, "world_size": ws,
-               "tokens_per_s": log_state["tokens"] / max(elapsed, 1e-9), "train_config": asdict(tc),
-               "device": str(device), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
+    summary = {
+        "steps": tc.steps,
+        "tokens": log_state["tokens"],
+        "wall_time_s": elapsed,
+        "world_size": ws,
+        "tokens_per_s": log_state["tokens"] / max(elapsed, 1e-9),
+        "train_config": asdict(tc),
+        "device": str(device),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+    }
     wm.model.eval()
     if tc.fit_mode != "none":  # every rank fits on the same batches: identical thresholds everywhere
         fit_order = DataOrder(len(dataset), tc.batch_size, seed=tc.seed + 1)

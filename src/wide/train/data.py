@@ -122,9 +122,7 @@ def _expand(source: str, data_root: Path | None) -> list[Path] | tuple[str, str 
         if path.is_dir():
             return list_files(path)
         if path.suffix.lower() not in TEXT_EXTENSIONS:
-            raise DataError(
-                f"unsupported data file {str(path)!r}; accepted extensions: {', '.join(TEXT_EXTENSIONS)}"
-            )
+            raise DataError(f"unsupported data file {str(path)!r}; accepted extensions: {', '.join(TEXT_EXTENSIONS)}")
         return [path]
     if _looks_like_path(source):
         raise _missing_path_error(source, data_root)
@@ -148,9 +146,7 @@ def _record_text(record: Any, text_field: str, where: str) -> str | None:
     if isinstance(record, str) and text_field == "text":
         value = record  # a bare list of strings
     elif not isinstance(record, dict):
-        raise DataError(
-            f"{where}: expected an object with a {text_field!r} field, got {type(record).__name__}"
-        )
+        raise DataError(f"{where}: expected an object with a {text_field!r} field, got {type(record).__name__}")
     elif text_field not in record:
         raise DataError(f"{where}: record has no {text_field!r} field; its keys are {sorted(record)}")
     else:
@@ -402,9 +398,7 @@ def _encode_batch(tokenizer: Any, texts: list[str], max_length: int | None = Non
     return out["input_ids"]
 
 
-def _encode_all(
-    tokenizer: Any, texts: Sequence[str], max_length: int | None, progress: bool
-) -> Iterator[list[int]]:
+def _encode_all(tokenizer: Any, texts: Sequence[str], max_length: int | None, progress: bool) -> Iterator[list[int]]:
     """Token ids of every text, tokenised in batches under a progress bar."""
     with tqdm(total=len(texts), desc="tokenising", unit="doc", disable=not progress) as bar:
         for start in range(0, len(texts), ENCODE_BATCH):

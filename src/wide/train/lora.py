@@ -11,14 +11,16 @@ import torch.nn as nn
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def apply_lora(model: nn.Module, *, r: int = 16, alpha: int = 32, dropout: float = 0.1,
-               targets: tuple[str, ...] = LORA_TARGETS):
+def apply_lora(
+    model: nn.Module, *, r: int = 16, alpha: int = 32, dropout: float = 0.1, targets: tuple[str, ...] = LORA_TARGETS
+):
     """Inject LoRA adapters into `model` in place (paper: r 16, α 32, dropout 0.1); returns the peft
     model (use it to save the adapter). The base weights stay frozen."""
     from peft import LoraConfig, get_peft_model
 
     if r < 1:
         raise ValueError(f"LoRA rank must be >= 1, got {r}")
-    cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(targets),
-                     bias="none", task_type="CAUSAL_LM")
+    cfg = LoraConfig(
+        r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(targets), bias="none", task_type="CAUSAL_LM"
+    )
     return get_peft_model(model, cfg)

@@ -20,8 +20,9 @@ def _chunk_ce_sum(h: torch.Tensor, y: torch.Tensor, weight: torch.Tensor) -> tor
     return F.cross_entropy(logits, y, ignore_index=IGNORE, reduction="sum")
 
 
-def chunked_lm_loss(hidden: torch.Tensor, labels: torch.Tensor, lm_head: torch.nn.Linear,
-                    chunk_tokens: int = 8192) -> torch.Tensor:
+def chunked_lm_loss(
+    hidden: torch.Tensor, labels: torch.Tensor, lm_head: torch.nn.Linear, chunk_tokens: int = 8192
+) -> torch.Tensor:
     """Mean next-token cross-entropy, as transformers' ForCausalLMLoss computes it.
 
     hidden: [B, T, D] final hidden states (after the final norm); labels: [B, T] with IGNORE on padding.
@@ -32,7 +33,7 @@ def chunked_lm_loss(hidden: torch.Tensor, labels: torch.Tensor, lm_head: torch.n
     y = labels[:, 1:].reshape(-1).to(h.device)  # [B·(T-1)]
     total = hidden.new_zeros((), dtype=torch.float32)
     for s in range(0, h.shape[0], chunk_tokens):
-        hc, yc = h[s:s + chunk_tokens], y[s:s + chunk_tokens]
+        hc, yc = h[s : s + chunk_tokens], y[s : s + chunk_tokens]
         if torch.is_grad_enabled() and hc.requires_grad:
             total = total + checkpoint(_chunk_ce_sum, hc, yc, lm_head.weight, use_reentrant=False)
         else:

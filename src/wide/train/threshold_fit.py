@@ -79,6 +79,7 @@ def fit_offsets(margins: dict[Key, torch.Tensor], expected: dict[Key, float], mo
         for kind in ("attn", "ffn"):
             keys = [key for key in margins if key[1] == kind]
             target = sum(expected[k] for k in keys) / len(keys)
+
             def mean_rate(x: float, keys: list[Key] = keys) -> float:
                 return sum(((margins[k] + x) > 0).float().mean().item() for k in keys) / len(keys)
 
@@ -100,5 +101,9 @@ def fit_thresholds(wm, batches: Iterable[dict], device: torch.device, mode: str 
     name = lambda key: f"{key[1]}{key[0]}"  # noqa: E731
     before = {name(k): v for k, v in _rates(margins, dict.fromkeys(margins, 0.0)).items()}
     after = {name(k): v for k, v in _rates(margins, deltas).items()}
-    return {"mode": mode, "argmax_skip_before": before, "argmax_skip_after": after,
-            "expected_gumbel_skip": {name(k): v for k, v in expected.items()}}
+    return {
+        "mode": mode,
+        "argmax_skip_before": before,
+        "argmax_skip_after": after,
+        "expected_gumbel_skip": {name(k): v for k, v in expected.items()},
+    }
