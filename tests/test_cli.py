@@ -33,73 +33,62 @@ def text_file(tmp_path):
     return f
 
 
-def test_calibrate_then_resume(tiny_dir, text_file, tmp_path, capsys):
-    out = tmp_path / "run"
-    args = [
+def cli(*args: object) -> int:
+    """Run `wide ARGS` on the CPU; ARGS may mix strings, numbers and paths."""
+    return main([str(a) for a in args] + ["--device", "cpu"])
+
+
+def calibrate_tiny(tiny_dir, text_file, out, *extra: object, steps: int = 2) -> int:
+    """A few calibration steps on the tiny model."""
+    return cli(
         "calibrate",
         "--model",
-        str(tiny_dir),
+        tiny_dir,
         "--data",
-        str(text_file),
+        text_file,
         "--steps",
-        "4",
+        steps,
         "--seq-len",
-        "32",
+        32,
         "--batch-size",
-        "2",
+        2,
         "--ffn-group-size",
-        "16",
+        16,
         "--router-rank",
-        "8",
-        "--sparsity",
-        "0.3",
-        "--save-every",
-        "2",
+        8,
         "--out",
-        str(out),
-        "--device",
-        "cpu",
-    ]
-    assert main(args) == 0
+        out,
+        *extra,
+    )
+
+
+def test_calibrate_then_resume(tiny_dir, text_file, tmp_path, capsys):
+    out = tmp_path / "run"
+    extra = ("--sparsity", 0.3, "--save-every", 2)
+    assert calibrate_tiny(tiny_dir, text_file, out, *extra, steps=4) == 0
     meta = json.loads((out / "wide_config.json").read_text())
     assert meta["base_model"] == str(tiny_dir) and meta["config"]["sparsity"] == 0.3
     assert meta["training"]["steps"] == 4 and (out / "routers.safetensors").is_file()
-    assert main(args + ["--resume"]) == 0  # continues from checkpoint-2 to step 4 again
+    assert calibrate_tiny(tiny_dir, text_file, out, *extra, "--resume", steps=4) == 0  # from checkpoint-2
 
 
 def test_cli_errors_are_clear(tiny_dir, tmp_path, capsys):
-    rc = main(
-        [
-            "calibrate",
-            "--model",
-            str(tiny_dir),
-            "--data",
-            str(tmp_path / "missing.jsonl"),
-            "--steps",
-            "1",
-            "--out",
-            str(tmp_path / "o"),
-            "--device",
-            "cpu",
-        ]
+    rc = cli(
+        "calibrate", "--model", tiny_dir, "--data", tmp_path / "missing.jsonl", "--steps", 1, "--out", tmp_path / "o"
     )
     assert rc == 2 and "missing.jsonl" in capsys.readouterr().err
-    rc = main(
-        [
-            "calibrate",
-            "--model",
-            str(tiny_dir),
-            "--data",
-            str(tmp_path),
-            "--ffn-group-size",
-            "24",
-            "--steps",
-            "1",
-            "--out",
-            str(tmp_path / "o"),
-            "--device",
-            "cpu",
-        ]
+    rc = cli(
+        "calibrate",
+        "--model",
+        tiny_dir,
+        "--data",
+        tmp_path,
+        "--ffn-group-size",
+        24,
+        "--steps",
+        1,
+        "--out",
+        tmp_path / "o",
     )
     assert rc == 2 and "power of two" in capsys.readouterr().err
 
@@ -111,79 +100,34 @@ def test_unsupported_family_via_cli(tiny_dir, tmp_path, capsys):
     d = tmp_path / "gpt2"
     tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=50)).save_pretrained(d)
     AutoTokenizer.from_pretrained(tiny_dir).save_pretrained(d)
-    rc = main(
-        [
-            "calibrate",
-            "--model",
-            str(d),
-            "--data",
-            str(tmp_path),
-            "--steps",
-            "1",
-            "--out",
-            str(tmp_path / "o"),
-            "--device",
-            "cpu",
-        ]
-    )
+    rc = cli("calibrate", "--model", d, "--data", tmp_path, "--steps", 1, "--out", tmp_path / "o")
     assert rc == 2 and "unsupported architecture 'gpt2'" in capsys.readouterr().err
 
 
 def test_eval_command_writes_json_and_table(tiny_dir, text_file, tmp_path):
     out = tmp_path / "run"
-    assert (
-        main(
-            [
-                "calibrate",
-                "--model",
-                str(tiny_dir),
-                "--data",
-                str(text_file),
-                "--steps",
-                "2",
-                "--seq-len",
-                "32",
-                "--batch-size",
-                "2",
-                "--ffn-group-size",
-                "16",
-                "--router-rank",
-                "8",
-                "--out",
-                str(out),
-                "--device",
-                "cpu",
-            ]
-        )
-        == 0
-    )
+    assert calibrate_tiny(tiny_dir, text_file, out) == 0
     res = tmp_path / "eval"
-    assert (
-        main(
-            [
-                "eval",
-                "--model",
-                str(tiny_dir),
-                "--routers",
-                str(out),
-                "--tasks",
-                "wikitext,arc_easy",
-                "--limit",
-                "2",
-                "--max-length",
-                "128",
-                "--batch-size",
-                "2",
-                "--device",
-                "cpu",
-                "--dtype",
-                "fp32",
-                "--out",
-                str(res),
-            ]
-        )
-        == 0
+    rc = cli(
+        "eval",
+        "--model",
+        tiny_dir,
+        "--routers",
+        out,
+        "--tasks",
+        "wikitext,arc_easy",
+        "--limit",
+        2,
+        "--max-length",
+        128,
+        "--batch-size",
+        2,
+        "--dtype",
+        "fp32",
+        "--out",
+        res,
     )
+    assert rc == 0
     data = json.loads((tmp_path / "eval.json").read_text())
     text = json.dumps(data)
     assert "attn_sparsity" in text and "word_perplexity" in text and "arc_easy" in text
@@ -192,51 +136,9 @@ def test_eval_command_writes_json_and_table(tiny_dir, text_file, tmp_path):
 
 def test_viz_writes_plots(tiny_dir, text_file, tmp_path):
     out = tmp_path / "run"
-    assert (
-        main(
-            [
-                "calibrate",
-                "--model",
-                str(tiny_dir),
-                "--data",
-                str(text_file),
-                "--steps",
-                "2",
-                "--seq-len",
-                "32",
-                "--batch-size",
-                "2",
-                "--ffn-group-size",
-                "16",
-                "--router-rank",
-                "8",
-                "--out",
-                str(out),
-                "--device",
-                "cpu",
-            ]
-        )
-        == 0
-    )
+    assert calibrate_tiny(tiny_dir, text_file, out) == 0
     plots = tmp_path / "plots"
-    assert (
-        main(
-            [
-                "viz",
-                "--model",
-                str(tiny_dir),
-                "--routers",
-                str(out),
-                "--max-tokens",
-                "256",
-                "--out",
-                str(plots),
-                "--device",
-                "cpu",
-            ]
-        )
-        == 0
-    )
+    assert cli("viz", "--model", tiny_dir, "--routers", out, "--max-tokens", 256, "--out", plots) == 0
     for name in ("layer_sparsity.png", "token_routing.png", "training.png", "layer_sparsity.json"):
         assert (plots / name).stat().st_size > 0, name
 
@@ -245,61 +147,28 @@ def test_refit_changes_thresholds_not_weights(tiny_dir, text_file, tmp_path):
     from safetensors.torch import load_file
 
     out = tmp_path / "run"
-    assert (
-        main(
-            [
-                "calibrate",
-                "--model",
-                str(tiny_dir),
-                "--data",
-                str(text_file),
-                "--steps",
-                "2",
-                "--seq-len",
-                "32",
-                "--batch-size",
-                "2",
-                "--ffn-group-size",
-                "16",
-                "--router-rank",
-                "8",
-                "--fit-mode",
-                "none",
-                "--out",
-                str(out),
-                "--device",
-                "cpu",
-            ]
-        )
-        == 0
-    )
+    assert calibrate_tiny(tiny_dir, text_file, out, "--fit-mode", "none") == 0
     before = load_file(str(out / "routers.safetensors"))
-    assert (
-        main(
-            [
-                "refit",
-                "--model",
-                str(tiny_dir),
-                "--routers",
-                str(out),
-                "--data",
-                str(text_file),
-                "--mode",
-                "global",
-                "--batches",
-                "2",
-                "--batch-size",
-                "2",
-                "--seq-len",
-                "32",
-                "--out",
-                str(tmp_path / "r2"),
-                "--device",
-                "cpu",
-            ]
-        )
-        == 0
+    rc = cli(
+        "refit",
+        "--model",
+        tiny_dir,
+        "--routers",
+        out,
+        "--data",
+        text_file,
+        "--mode",
+        "global",
+        "--batches",
+        2,
+        "--batch-size",
+        2,
+        "--seq-len",
+        32,
+        "--out",
+        tmp_path / "r2",
     )
+    assert rc == 0
     after = load_file(str(tmp_path / "r2" / "routers.safetensors"))
     for k in before:
         if k.endswith("skip_bias"):
@@ -313,46 +182,45 @@ def test_refit_changes_thresholds_not_weights(tiny_dir, text_file, tmp_path):
 
 def test_finetune_then_eval_merges_lora(tiny_dir, text_file, tmp_path):
     s1, s2 = tmp_path / "s1", tmp_path / "s2"
-    common = [
+    assert calibrate_tiny(tiny_dir, text_file, s1) == 0
+    rc = cli(
+        "finetune",
         "--model",
-        str(tiny_dir),
+        tiny_dir,
         "--data",
-        str(text_file),
+        text_file,
         "--steps",
-        "2",
+        2,
         "--seq-len",
-        "32",
+        32,
         "--batch-size",
-        "2",
-        "--device",
-        "cpu",
-    ]
-    assert main(["calibrate", *common, "--ffn-group-size", "16", "--router-rank", "8", "--out", str(s1)]) == 0
-    assert main(["finetune", *common, "--routers", str(s1), "--lora-r", "4", "--out", str(s2)]) == 0
+        2,
+        "--routers",
+        s1,
+        "--lora-r",
+        4,
+        "--out",
+        s2,
+    )
+    assert rc == 0
     assert (s2 / "adapter_config.json").is_file() and (s2 / "routers.safetensors").is_file()
     meta = json.loads((s2 / "wide_config.json").read_text())
     assert meta["training"]["stage"] == "lora"
-    assert (
-        main(
-            [
-                "eval",
-                "--model",
-                str(tiny_dir),
-                "--routers",
-                str(s2),
-                "--tasks",
-                "wikitext",
-                "--limit",
-                "1",
-                "--max-length",
-                "64",
-                "--device",
-                "cpu",
-                "--dtype",
-                "fp32",
-                "--out",
-                str(tmp_path / "e"),
-            ]
-        )
-        == 0
+    rc = cli(
+        "eval",
+        "--model",
+        tiny_dir,
+        "--routers",
+        s2,
+        "--tasks",
+        "wikitext",
+        "--limit",
+        1,
+        "--max-length",
+        64,
+        "--dtype",
+        "fp32",
+        "--out",
+        tmp_path / "e",
     )
+    assert rc == 0
