@@ -6,10 +6,18 @@ from conftest import assert_close_to_ref, gpu, make_route
 
 from wide.kernels.gemm_k import routed_gemm_k
 from wide.kernels.reference import routed_gemm_k_ref
-from wide.kernels.reorder import RouteIndex, reorder
+from wide.kernels.reorder import RouteIndex, plan_route, reorder, route_mask
 
-# (B, T, N, K, G): K routed; N and M not multiples of the tiles
-CPU_SHAPES = [(1, 37, 40, 96, 32), (2, 10, 70, 64, 16), (1, 9, 48, 256, 128), (3, 7, 33, 64, 32)]
+# (B, T, N, K, G): K routed; N and M not multiples of the tiles; decode-sized M
+CPU_SHAPES = [
+    (1, 37, 40, 96, 32),
+    (2, 10, 70, 64, 16),
+    (1, 9, 48, 256, 128),
+    (3, 7, 33, 64, 32),
+    (1, 1, 40, 512, 32),
+    (4, 1, 33, 96, 16),
+]
+ALGOS = ["small", "stationary", "atomic", "masked_dense", "auto"]
 DTYPES = [torch.float32, torch.float16]
 
 
@@ -20,8 +28,8 @@ def _inputs(m, n, k, dtype, device, seed=0):
     return x.to(device=device, dtype=dtype), w.to(device=device, dtype=dtype)
 
 
-def _check_k(x, w, route, gs, algo="auto"):
-    y = routed_gemm_k(x, w, route, gs, algo=algo)
+def _check_k(x, w, route, gs, algo="auto", x_zeroed=False):
+    y = routed_gemm_k(x, w, route, gs, algo=algo, x_zeroed=x_zeroed)
     assert y.shape == (x.shape[0], w.shape[0]) and y.dtype == x.dtype
     ref32 = routed_gemm_k_ref(x.float(), w.float(), route, gs)
     assert_close_to_ref(y, ref32, routed_gemm_k_ref(x, w, route, gs))
@@ -30,23 +38,41 @@ def _check_k(x, w, route, gs, algo="auto"):
 @pytest.mark.parametrize("shape", CPU_SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("mode", ["random", "all", "none"])
-@pytest.mark.parametrize("algo", ["stationary", "atomic", "auto"])
+@pytest.mark.parametrize("algo", ALGOS)
 def test_gemm_k_matches_reference(shape, dtype, mode, algo, kernel_device):
     b, t, n, k, gs = shape
+    if algo == "small" and b * t > 16:
+        pytest.skip("the small path serves M <= 16")
     x, w = _inputs(b * t, n, k, dtype, kernel_device)
     _, route = make_route(mode, b, t, k // gs, kernel_device)
     _check_k(x, w, route, gs, algo)
 
 
+@pytest.mark.parametrize("m", [3, 40])
+def test_gemm_k_x_zeroed_and_planned_route(m, kernel_device):
+    """A pre-zeroed x (what routed SwiGLU / attention produce) gives the same product on the fast path."""
+    x, w = _inputs(m, 40, 64, torch.float32, kernel_device)
+    mask, route = make_route("random", 1, m, 4, kernel_device)
+    xz = x * mask[0].repeat_interleave(16, 1).to(x.dtype)
+    planned = plan_route(mask[0])
+    ref = routed_gemm_k_ref(x, w, route, 16)
+    for r in (route, planned):
+        torch.testing.assert_close(routed_gemm_k(xz, w, r, 16, x_zeroed=True), ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(routed_gemm_k(x, w, r, 16), ref, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="reorder index"):
+        routed_gemm_k(x, w, planned, 16, algo="stationary")
+
+
 def test_gemm_k_deterministic_and_mask_rebuild(kernel_device):
     x, w = _inputs(19, 40, 64, torch.float32, kernel_device)
     _, route = make_route("random", 1, 19, 4, kernel_device)
-    for algo in ("stationary", "auto"):
-        a = routed_gemm_k(x, w, route, 16, deterministic=True, algo=algo)
-        b = routed_gemm_k(x, w, route, 16, deterministic=True, algo=algo)
+    for algo in ("stationary", "auto", "small"):
+        xa, ra = (x[:7], reorder(route_mask(route)[:7])) if algo == "small" else (x, route)
+        a = routed_gemm_k(xa, w, ra, 16, deterministic=True, algo=algo)
+        b = routed_gemm_k(xa, w, ra, 16, deterministic=True, algo=algo)
         assert torch.equal(a, b)
-        no_mask = RouteIndex(*route[:4])  # mask field absent -> rebuilt from idx / count
-        assert torch.equal(routed_gemm_k(x, w, no_mask, 16, deterministic=True, algo=algo), a)
+        no_mask = RouteIndex(*ra[:4])  # mask field absent -> rebuilt from idx / count
+        assert torch.equal(routed_gemm_k(xa, w, no_mask, 16, deterministic=True, algo=algo), a)
 
 
 def test_gemm_k_errors():
@@ -60,6 +86,10 @@ def test_gemm_k_errors():
         routed_gemm_k(x, w[:, :32], route, 16)
     with pytest.raises(ValueError, match="algo"):
         routed_gemm_k(x, w, route, 16, algo="fast")
+    x40 = torch.randn(40, 64)
+    _, r40 = make_route("random", 1, 40, 4)
+    with pytest.raises(ValueError, match="M <= 16"):
+        routed_gemm_k(x40, w, r40, 16, algo="small")
 
 
 def test_gemm_k_compiles(monkeypatch):
@@ -68,7 +98,7 @@ def test_gemm_k_compiles(monkeypatch):
     r = reorder(mask)
     torch.library.opcheck(
         torch.ops.wide.routed_gemm_k.default,
-        (x, w, r.idx, r.count, r.mask, 16, "stationary"),
+        (x, w, r.idx, r.count, r.mask, 16, "stationary", False),
         test_utils=("test_schema", "test_faketensor"),
     )
     monkeypatch.setenv("TRITON_INTERPRET", "0")
@@ -84,7 +114,7 @@ LLAMA = [("o", 4096, 4096, 512), ("down", 4096, 14336, 128), ("down", 4096, 1433
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", SMOL + LLAMA, ids=lambda o: f"{o[0]}-{o[1]}x{o[2]}-G{o[3]}")
-@pytest.mark.parametrize("bt", [(1, 1), (1, 77), (2, 2048)], ids=str)
+@pytest.mark.parametrize("bt", [(1, 1), (4, 1), (16, 1), (1, 77), (2, 2048)], ids=str)
 @pytest.mark.parametrize("mode", ["random", "all", "none"])
 def test_gemm_k_gpu(op, bt, mode):
     _, n, k, gs = op
@@ -92,16 +122,19 @@ def test_gemm_k_gpu(op, bt, mode):
     if mode != "random" and k > 1536 and b * t > 1:
         pytest.skip("all/none masks covered at the small shapes")
     x, w = _inputs(b * t, n, k, torch.bfloat16, "cuda")
-    _, route = make_route(mode, b, t, k // gs, "cuda")
+    mask, route = make_route(mode, b, t, k // gs, "cuda")
     _check_k(x, w, route, gs)
     _check_k(x, w, route, gs, "stationary")
+    _check_k(x * mask.reshape(b * t, -1).repeat_interleave(gs, 1).to(x.dtype), w, route, gs, x_zeroed=True)
+    if b * t <= 16:
+        _check_k(x, w, route, gs, "small")
     if b * t > 256:
         _check_k(x, w, route, gs, "atomic")
 
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 300, 4096])
+@pytest.mark.parametrize("m", [1, 5, 300, 4096])
 def test_gemm_k_deterministic_gpu(m):
     x, w = _inputs(m, 4096, 4096, torch.bfloat16, "cuda")
     _, route = make_route("random", 1, m, 8, "cuda")
@@ -112,16 +145,16 @@ def test_gemm_k_deterministic_gpu(m):
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("algo", ["auto", "stationary", "atomic"])
-def test_gemm_k_cuda_graph(algo):
-    x, w = _inputs(600, 576, 1536, torch.bfloat16, "cuda")
-    mask = torch.rand(600, 12, device="cuda") < 0.5
+@pytest.mark.parametrize("algo,m", [("auto", 600), ("stationary", 600), ("atomic", 600), ("auto", 3)])
+def test_gemm_k_cuda_graph(algo, m):
+    x, w = _inputs(m, 576, 1536, torch.bfloat16, "cuda")
+    mask = torch.rand(m, 12, device="cuda") < 0.5
     routed_gemm_k(x, w, reorder(mask), 128, algo=algo)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         y = routed_gemm_k(x, w, reorder(mask), 128, algo=algo)
-    mask.copy_(torch.rand(600, 12, device="cuda") < 0.3)
+    mask.copy_(torch.rand(m, 12, device="cuda") < 0.3)
     graph.replay()
     r = reorder(mask)
     ref32 = routed_gemm_k_ref(x.float(), w.float(), r, 128)

@@ -6,10 +6,18 @@ from conftest import assert_close_to_ref, gpu, make_route
 
 from wide.kernels.gemm_mn import routed_gemm_mn, routed_swiglu
 from wide.kernels.reference import routed_gemm_mn_ref, routed_swiglu_ref
-from wide.kernels.reorder import reorder
+from wide.kernels.reorder import plan_route, reorder
 
-# (B, T, N, K, G): tiles not dividing M / N / K, group sizes 16 / 32 / 128, B > 1
-CPU_SHAPES = [(1, 37, 96, 40, 32), (2, 10, 64, 72, 16), (1, 9, 256, 48, 128), (3, 7, 64, 32, 32)]
+# (B, T, N, K, G): tiles not dividing M / N / K, group sizes 16 / 32 / 128, B > 1, decode-sized M
+CPU_SHAPES = [
+    (1, 37, 96, 40, 32),
+    (2, 10, 64, 72, 16),
+    (1, 9, 256, 48, 128),
+    (3, 7, 64, 32, 32),
+    (1, 1, 64, 72, 16),
+    (2, 3, 96, 40, 32),
+]
+PATHS = ["sorted", "small", "dense", "auto"]
 DTYPES = [torch.float32, torch.float16]
 
 
@@ -21,12 +29,12 @@ def _inputs(m, n, k, dtype, device, seed=0, two=False):
     return [t.to(device=device, dtype=dtype) for t in (x, w, w2)]
 
 
-def _check_mn(x, w, w2, route, gs):
-    y = routed_gemm_mn(x, w, route, gs)
+def _check_mn(x, w, w2, route, gs, path="auto"):
+    y = routed_gemm_mn(x, w, route, gs, path=path)
     assert y.shape == (x.shape[0], w.shape[0]) and y.dtype == x.dtype
     ref32 = routed_gemm_mn_ref(x.float(), w.float(), route, gs)
     assert_close_to_ref(y, ref32, routed_gemm_mn_ref(x, w, route, gs))
-    h = routed_swiglu(x, w, w2, route, gs)
+    h = routed_swiglu(x, w, w2, route, gs, path=path)
     h32 = routed_swiglu_ref(x.float(), w.float(), w2.float(), route, gs)
     assert_close_to_ref(h, h32, routed_swiglu_ref(x, w, w2, route, gs))
     return y
@@ -35,22 +43,46 @@ def _check_mn(x, w, w2, route, gs):
 @pytest.mark.parametrize("shape", CPU_SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("mode", ["random", "all", "none"])
-def test_gemm_mn_matches_reference(shape, dtype, mode, kernel_device):
+@pytest.mark.parametrize("path", PATHS)
+def test_gemm_mn_matches_reference(shape, dtype, mode, path, kernel_device):
     b, t, n, k, gs = shape
+    if path == "small" and b * t > 16:
+        pytest.skip("the small path serves M <= 16")
     x, w, w2 = _inputs(b * t, n, k, dtype, kernel_device)
     mask, route = make_route(mode, b, t, n // gs, kernel_device)
-    y = _check_mn(x, w, w2, route, gs)
+    y = _check_mn(x, w, w2, route, gs, path)
     inactive = ~mask.reshape(b * t, -1).repeat_interleave(gs, 1)
     assert (y[inactive] == 0).all()
 
 
-def test_gemm_mn_no_zero_mode_keeps_active_entries(kernel_device):
-    x, w, _ = _inputs(21, 64, 40, torch.float32, kernel_device)
-    mask, route = make_route("random", 1, 21, 4, kernel_device)
-    y = routed_gemm_mn(x, w, route, 16, zero_inactive=False)
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("m", [5, 21])
+def test_gemm_mn_no_zero_mode_keeps_active_entries(path, m, kernel_device):
+    if path == "small" and m > 16:
+        pytest.skip("the small path serves M <= 16")
+    x, w, w2 = _inputs(m, 64, 40, torch.float32, kernel_device)
+    mask, route = make_route("random", 1, m, 4, kernel_device)
     act = mask[0].repeat_interleave(16, 1)
+    y = routed_gemm_mn(x, w, route, 16, zero_inactive=False, path=path)
     ref = routed_gemm_mn_ref(x, w, route, 16)
     torch.testing.assert_close(y[act], ref[act], rtol=1e-5, atol=1e-5)
+    h = routed_swiglu(x, w, w2, route, 16, zero_inactive=False, path=path)
+    href = routed_swiglu_ref(x, w, w2, route, 16)
+    torch.testing.assert_close(h[act], href[act], rtol=1e-5, atol=1e-5)
+
+
+def test_plan_route_serves_small_and_dense_paths(kernel_device):
+    """plan_route skips the reorder at M <= DENSE_M; the auto paths read the mask alone."""
+    for m in (3, 40):
+        x, w, w2 = _inputs(m, 64, 40, torch.float32, kernel_device)
+        mask = torch.rand(m, 4, generator=torch.Generator().manual_seed(m)) < 0.5
+        planned = plan_route(mask.to(kernel_device))
+        assert planned.idx.shape == (4, 0)
+        _check_mn(x, w, w2, planned, 16)
+        with pytest.raises(ValueError, match="reorder index"):
+            routed_gemm_mn(x, w, planned, 16, path="sorted")
+    big = torch.rand(300, 4) < 0.5
+    assert plan_route(big).idx.shape == (4, 300)
 
 
 def test_gemm_mn_errors():
@@ -64,6 +96,12 @@ def test_gemm_mn_errors():
         routed_gemm_mn(x.double(), w.double(), route, 16)
     with pytest.raises(ValueError, match="multiple of 16"):
         routed_gemm_mn(x, w, route, 8)
+    with pytest.raises(ValueError, match="unknown path"):
+        routed_gemm_mn(x, w, route, 16, path="fast")
+    x40 = torch.randn(40, 32)
+    _, r40 = make_route("random", 1, 40, 4)
+    with pytest.raises(ValueError, match="M <= 16"):
+        routed_gemm_mn(x40, w, r40, 16, path="small")
 
 
 def test_custom_op_registered_and_compiles(monkeypatch):
@@ -72,14 +110,14 @@ def test_custom_op_registered_and_compiles(monkeypatch):
     route = reorder(mask)
     torch.library.opcheck(
         torch.ops.wide.routed_gemm_mn.default,
-        (x, w, route.idx, route.count, 16, True),
+        (x, w, route.idx, route.count, route.mask, 16, True, "sorted"),
         test_utils=("test_schema", "test_faketensor"),
     )
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # reference path under torch.compile
 
     def f(x, mask):
         r = reorder(mask)
-        return routed_gemm_mn(x, w, r, 16) + routed_swiglu(x, w, w2, r, 16)
+        return routed_gemm_mn(x, w, r, 16) + routed_swiglu(x, w, w2, plan_route(mask), 16)
 
     out = torch.compile(f, fullgraph=True, backend="aot_eager")(x, mask)
     r = reorder(mask)
@@ -95,7 +133,7 @@ LLAMA = [("q", 4096, 4096, 512), ("gate_up", 14336, 4096, 128), ("gate_up", 1433
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", SMOL + LLAMA, ids=lambda o: f"{o[0]}-{o[1]}x{o[2]}-G{o[3]}")
-@pytest.mark.parametrize("bt", [(1, 1), (1, 77), (2, 2048)], ids=str)
+@pytest.mark.parametrize("bt", [(1, 1), (4, 1), (16, 1), (1, 77), (2, 2048)], ids=str)
 @pytest.mark.parametrize("mode", ["random", "all", "none"])
 def test_gemm_mn_gpu(op, bt, mode):
     _, n, k, gs = op
@@ -104,21 +142,23 @@ def test_gemm_mn_gpu(op, bt, mode):
         pytest.skip("all/none masks covered at the small shapes")
     x, w, w2 = _inputs(b * t, n, k, torch.bfloat16, "cuda")
     _, route = make_route(mode, b, t, n // gs, "cuda")
-    _check_mn(x, w, w2, route, gs)
+    for path in ("auto", "sorted", "dense") + (("small",) if b * t <= 16 else ()):
+        _check_mn(x, w, w2, route, gs, path)
 
 
 @gpu
 @pytest.mark.gpu
-def test_gemm_mn_cuda_graph():
-    x, w, w2 = _inputs(300, 1536, 576, torch.bfloat16, "cuda")
-    mask = torch.rand(300, 12, device="cuda") < 0.5
-    f = lambda: (routed_gemm_mn(x, w, reorder(mask), 128), routed_swiglu(x, w, w2, reorder(mask), 128))
+@pytest.mark.parametrize("m", [1, 100, 300])
+def test_gemm_mn_cuda_graph(m):
+    x, w, w2 = _inputs(m, 1536, 576, torch.bfloat16, "cuda")
+    mask = torch.rand(m, 12, device="cuda") < 0.5
+    f = lambda: (routed_gemm_mn(x, w, plan_route(mask), 128), routed_swiglu(x, w, w2, plan_route(mask), 128))
     f()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         y, h = f()
-    mask.copy_(torch.rand(300, 12, device="cuda") < 0.3)
+    mask.copy_(torch.rand(m, 12, device="cuda") < 0.3)
     graph.replay()
     r = reorder(mask)
     torch.testing.assert_close(y, routed_gemm_mn(x, w, r, 128), rtol=0, atol=0)

@@ -4,8 +4,13 @@
 Timing: each variant (dense cuBLAS baseline and WIDE) is captured once in a CUDA graph after a
 warm-up call (autotuning happens there); ``triton.testing.do_bench`` then times graph replays,
 median, with its L2 flush before every replay (weights come from HBM, as in a real layer).
-For Q and fused gate+up the WIDE timing includes the reorder of the decision's mask (these are
-the first operators of their decision); O and down reuse that RouteIndex and time the GEMM only.
+
+The WIDE operators are called as ``wide.runtime`` calls them: for Q and fused gate+up (the first
+operators of their decision) the timing includes ``plan_route(mask)`` — the reorder when M > 256,
+nothing below (the small-M and mid-M paths read the mask); Q leaves inactive heads unspecified
+(attention skips them); O and down reuse the route and get an input whose inactive groups are 0
+(``x_zeroed``, as routed attention / SwiGLU write it). Extra variants (full sweep, 50%) show the
+forced paths and GEMM-K on an input that is not pre-zeroed.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from wide.kernels.reference import (
     gather_scatter_gemm_k,
     gather_scatter_gemm_n,
 )
-from wide.kernels.reorder import reorder
+from wide.kernels.reorder import plan_route, reorder
 
 # name, kind, N, K, G, reorder included in the WIDE timing
 OPS = [
@@ -57,7 +62,28 @@ def _mask(m: int, ng: int, sparsity: float, gen: torch.Generator) -> torch.Tenso
     return torch.rand(m, ng, device="cuda", generator=gen) >= sparsity
 
 
-def bench_op(name, kind, n, k, g, with_reorder, ms_list, sparsities, gen, extra_variants=False) -> list[dict]:
+def _variants(kind: str, m: int, sp: float, extra: bool) -> list[str]:
+    """'auto' plus, in the full sweep at 50%, the forced paths worth comparing at this M."""
+    out = ["auto"]
+    if not extra or sp != 0.5:
+        return out
+    if kind == "gemm_k":
+        out.append("masked_dense")  # x not pre-zeroed: one zeroing pass + cuBLAS
+        if m >= 1024:
+            out += ["stationary", "atomic"]
+        if m <= 16:
+            out.append("stationary")
+    else:
+        if m <= 16:
+            out.append("dense")
+        if 16 < m <= 256:
+            out.append("sorted")
+        if m <= 16:
+            out.append("sorted")
+    return out
+
+
+def bench_op(name, kind, n, k, g, with_route, ms_list, sparsities, gen, extra_variants=False) -> list[dict]:
     """Dense vs WIDE for one operator over M and sparsity (dense timed once per M)."""
     rows = []
     dt = torch.bfloat16
@@ -75,21 +101,20 @@ def bench_op(name, kind, n, k, g, with_reorder, ms_list, sparsities, gen, extra_
         ng = (n if kind != "gemm_k" else k) // g
         for sp in sparsities:
             mask = _mask(m, ng, sp, gen)
-            route = reorder(mask)
-            algos = ["auto"]
-            if kind == "gemm_k" and extra_variants and m >= 1024 and sp == 0.5:
-                algos += ["stationary", "atomic"]
-            if kind == "gemm_k" and extra_variants and m <= 16 and sp == 0.5:
-                algos += ["stationary"]
-            for algo in algos:
+            xz = x * mask.repeat_interleave(g, dim=1).to(dt) if kind == "gemm_k" else x  # producer's zeros
+            for variant in _variants(kind, m, sp, extra_variants):
+                build = reorder if variant in ("sorted", "stationary", "atomic") else plan_route
                 if kind == "gemm_mn":
-                    op = lambda r: routed_gemm_mn(x, w, r, g)
+                    op = lambda r, v=variant: routed_gemm_mn(x, w, r, g, zero_inactive=False, path=v)
                 elif kind == "gemm_mn_swiglu":
-                    op = lambda r: routed_swiglu(x, w, w2, r, g)
+                    op = lambda r, v=variant: routed_swiglu(x, w, w2, r, g, path=v)
+                elif variant == "auto":
+                    op = lambda r: routed_gemm_k(xz, w, r, g, x_zeroed=True)
                 else:
-                    op = lambda r, a=algo: routed_gemm_k(x, w, r, g, algo=a)
+                    op = lambda r, v=variant: routed_gemm_k(x, w, r, g, algo=v)
+                route = build(mask)
                 op_ms = time_graph(lambda: op(route))
-                wide_ms = time_graph(lambda: op(reorder(mask))) if with_reorder else op_ms
+                wide_ms = time_graph(lambda: op(build(mask))) if with_route else op_ms
                 active = mask.float().mean().item()
                 rows.append(
                     dict(
@@ -101,8 +126,9 @@ def bench_op(name, kind, n, k, g, with_reorder, ms_list, sparsities, gen, extra_
                         group_size=g,
                         sparsity=sp,
                         active_fraction=round(active, 4),
-                        variant=algo,
-                        reorder_included=with_reorder,
+                        variant=variant,
+                        route_included=with_route,
+                        route_build=build.__name__,
                         dense_ms=dense_ms,
                         wide_ms=wide_ms,
                         wide_op_ms=op_ms,

@@ -1,6 +1,7 @@
 """Routed kernels (Triton) with torch references.
 
-One `reorder(mask)` per routing decision gives a RouteIndex shared by the operators of that decision:
+One `plan_route(mask)` per routing decision (the `reorder` index when M > DENSE_M, else the mask alone;
+small-M and mid-M kernels read the mask) gives a RouteIndex shared by the operators of that decision:
   attention: routed_gemm_mn (Q) -> routed_attention_prefill / _decode -> routed_gemm_k (O)
   FFN:       routed_swiglu (gate+up, fused) -> routed_gemm_k (down)
 Every op is a `torch.library` custom op in the `wide::` namespace (torch.compile / CUDA-graph safe, no
@@ -18,7 +19,7 @@ from wide.kernels.reference import (
     routed_gemm_mn_ref,
     routed_swiglu_ref,
 )
-from wide.kernels.reorder import RouteIndex, reorder, reorder_reference, route_mask
+from wide.kernels.reorder import RouteIndex, has_index, plan_route, reorder, reorder_reference, route_mask
 
 __all__ = [
     "RouteIndex",
@@ -27,6 +28,8 @@ __all__ = [
     "decode_num_splits",
     "gather_scatter_gemm_k",
     "gather_scatter_gemm_n",
+    "has_index",
+    "plan_route",
     "reorder",
     "reorder_reference",
     "route_mask",

@@ -102,3 +102,18 @@ if HAS_TRITON:
         v = d.load([0, 0])
         o = tl.arange(0, B)
         tl.store(y_ptr + o[:, None] * C + o[None, :], v)
+
+
+# Token-count regimes of the routed GEMMs (see gemm_mn / gemm_k):
+SMALL_M = 16  # M <= SMALL_M (decode): mask-reading kernels skip the weight tiles no token runs
+DENSE_M = 256  # SMALL_M < M <= DENSE_M: every group has an active token, so cuBLAS + masked epilogue
+PATHS = ("auto", "small", "dense", "sorted")
+
+
+def gemm_path(m: int, path: str = "auto") -> str:
+    """The routed-GEMM path for M tokens: 'small' | 'dense' | 'sorted' (``path`` forces one)."""
+    if path not in PATHS:
+        raise ValueError(f"unknown path {path!r}; choose from {PATHS}")
+    if path != "auto":
+        return path
+    return "small" if m <= SMALL_M else ("dense" if m <= DENSE_M else "sorted")

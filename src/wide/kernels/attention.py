@@ -24,7 +24,7 @@ import os
 import torch
 
 from wide.kernels.attention_reference import attention_decode_ref, attention_prefill_ref
-from wide.kernels.reorder import RouteIndex, reorder_reference
+from wide.kernels.reorder import RouteIndex, has_index, reorder_reference
 
 try:
     import triton
@@ -455,10 +455,10 @@ def routed_attention_prefill(
 
     q [B,Tq,Hq,d], k/v [B,Tk,Hk,d], mask [B,Tq,Hk] bool (True = execute) -> o [B,Tq,Hq,d];
     skipped (b, t, g) rows are 0. Causal is bottom-right aligned (query t at Tk - Tq + t).
-    `route` is `reorder(mask)`, shared with the Q/O projections of the same decision.
+    `route` is `reorder(mask)` (or `plan_route(mask)`), shared with the Q/O projections of the decision.
     """
     _check_prefill(q, k, v, mask)
-    if route is None:
+    if route is None or not has_index(route):  # plan_route leaves small M without an index
         route = _compute_route(mask)
     scale = _scale(q.shape[-1], sm_scale)
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))

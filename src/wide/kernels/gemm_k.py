@@ -1,17 +1,22 @@
 """GEMM-K: K-axis routed projection (O, down): y[m] = sum over active groups g of x[m, g] · w[:, g]^T.
 
-Default (``algo='auto'``): ``masked_dense`` — zero the inactive K groups of x in one elementwise
-pass and call cuBLAS; the two Triton schedules below measured slower than that on the H200 (see
-``choose_algo``) and are opt-in:
+``algo='auto'`` (``choose_algo``):
 
-* ``stationary`` (default, deterministic): programs own a
+* M <= SMALL_M: ``small`` (``small_m.small_gemm_k``) — reads the mask, skips the weight columns of
+  groups no token runs (M = 1, 50%: half the weight bytes), fixed-order split-K reduction.
+* larger M: ``masked_dense`` (``dense_mid``) — zero the inactive K groups of x, then cuBLAS; with
+  ``x_zeroed`` (the producer, routed SwiGLU or routed attention, already wrote those zeros) it is a
+  plain cuBLAS GEMM. No routing saving: with i.i.d. per-token masks every (m-tile, group) pair has
+  active rows, and the Triton schedules below, which do skip work, lost to cuBLAS on the H200.
+
+Opt-in Triton schedules:
+
+* ``stationary`` (deterministic): programs own a
   natural-order (m-tile, n-tile) of y and stream K; each K tile lies in one group, the A rows
   inactive for that group are predicated off and the weight tile is skipped when no row of the
-  tile uses the group (``SKIP_W``, autotuned against dense-style loads at M <= 256). At decode
-  (M <= 16) this reads only the weight columns of groups some token
-  uses. Small M splits K over extra programs into an fp32 workspace [S, M, N] reduced by a fixed-
-  order sum (bit-identical repeats).
-* ``atomic`` (opt-in, ``algo='atomic'``): one program per (group, sorted m-tile,
+  tile uses the group (``SKIP_W``, autotuned against dense-style loads at M <= 256). Small M splits
+  K over extra programs into an fp32 workspace [S, M, N] reduced by a fixed-order sum.
+* ``atomic``: one program per (group, sorted m-tile,
   n-tile) over the group's sorted rows (level-0 early exit), partial sums added with relaxed fp32
   atomics into a zeroed fp32 workspace, then cast. Costs p·M·N·N_G atomic adds (1 per 2·G MACs),
   so it only pays for large groups; the summation order is not fixed (not bit-reproducible).
@@ -23,6 +28,7 @@ import torch
 
 from ._triton_utils import (
     HAS_TRITON,
+    SMALL_M,
     check_dtype,
     ensure_allocator,
     largest_pow2_divisor,
@@ -30,9 +36,11 @@ from ._triton_utils import (
     tma_supported,
     use_triton,
 )
+from .dense_mid import masked_dense_gemm_k
 from .gemm_mn import validate_route
 from .reference import routed_gemm_k_ref
-from .reorder import RouteIndex, route_mask
+from .reorder import RouteIndex, has_index, route_mask
+from .small_m import small_gemm_k
 
 if HAS_TRITON:
     import triton
@@ -225,23 +233,16 @@ if HAS_TRITON:
 
 
 def choose_algo(m: int, group_size: int, deterministic: bool) -> str:
-    """Host-side schedule choice from shapes only.
+    """Host-side schedule choice from shapes only: 'small' at M <= SMALL_M, else 'masked_dense'.
 
-    Measured on the H200 (Triton 3.6) the Triton schedules lost to cuBLAS everywhere (stationary
-    0.09-0.43x, atomic 0.55x at O / M 4096 / 50%), so the default is ``masked_dense``: one
-    elementwise pass zeroing the inactive K groups of x, then cuBLAS (no routing savings, ~dense
-    speed, deterministic on one stream). The Triton schedules stay available through ``algo``.
+    Measured on the H200 (Triton 3.6) the Triton large-M schedules lost to cuBLAS (stationary
+    0.09-0.43x, atomic 0.55x at O / M 4096 / 50%); they stay available through ``algo``.
     """
+    if m <= SMALL_M:
+        return "small"
     if not deterministic and m >= ATOMIC_MIN_M and group_size >= ATOMIC_MIN_GROUP:
         return "atomic"
     return "masked_dense"
-
-
-def masked_dense_gemm_k(x: torch.Tensor, w: torch.Tensor, mask: torch.Tensor, g: int) -> torch.Tensor:
-    """x: [M, K] with groups zeroed where mask [M, N_G] is False, then a dense cuBLAS GEMM."""
-    m, k = x.shape
-    xm = (x.view(m, k // g, g) * mask[:, :, None].to(x.dtype)).view(m, k)  # [M, K]
-    return torch.nn.functional.linear(xm, w)
 
 
 def _split_plan(m: int, n: int, k: int, g: int, n_sms: int) -> tuple[int, int, int]:
@@ -324,18 +325,24 @@ def _gemm_k_op(
     mask: torch.Tensor,
     group_size: int,
     algo: str,
+    x_zeroed: bool,
 ) -> torch.Tensor:
     if algo == "masked_dense":
-        return masked_dense_gemm_k(x, w, mask, group_size)
+        return masked_dense_gemm_k(x, w, mask, group_size, x_zeroed)
     if use_triton(x):
+        if algo == "small":
+            return small_gemm_k(x, w, mask, group_size)
         return _launch_k(x, w, idx, count, mask, group_size, algo)
     e = idx.new_empty((0, idx.shape[0]))
     return routed_gemm_k_ref(x, w, RouteIndex(idx, count, e, e, mask), group_size)
 
 
 @_gemm_k_op.register_fake
-def _(x, w, idx, count, mask, group_size, algo):
+def _(x, w, idx, count, mask, group_size, algo, x_zeroed):
     return x.new_empty((x.shape[0], w.shape[0]))
+
+
+ALGOS = ("auto", "small", "masked_dense", "stationary", "atomic")
 
 
 def routed_gemm_k(
@@ -346,20 +353,30 @@ def routed_gemm_k(
     *,
     deterministic: bool = False,
     algo: str = "auto",
+    x_zeroed: bool = False,
 ) -> torch.Tensor:
     """K-axis routed projection. x: [M, K], w: [N, K] -> y: [M, N] (fp32 accumulation).
 
-    ``algo``: 'auto' (= 'masked_dense', see ``choose_algo``) | 'masked_dense' | 'stationary' (Triton,
-    deterministic) | 'atomic' (Triton, fp32 atomics, not bit-reproducible). ``deterministic=True``
-    rejects 'atomic' and gives bit-identical repeats.
+    ``algo``: 'auto' (``choose_algo``) | 'small' (M <= SMALL_M) | 'masked_dense' | 'stationary'
+    (Triton, deterministic) | 'atomic' (Triton, fp32 atomics, not bit-reproducible).
+    ``deterministic=True`` rejects 'atomic' and gives bit-identical repeats. ``x_zeroed=True``
+    promises x is already 0 on the inactive (row, group) pairs, which lets 'masked_dense' skip its
+    zeroing pass; the result is the same either way for such an x.
     """
     check_dtype(x, w)
     validate_route(x, w.shape[0], w.shape[1], route, group_size, "k")
-    if algo not in ("auto", "masked_dense", "stationary", "atomic"):
-        raise ValueError(f"unknown algo {algo!r}")
+    if algo not in ALGOS:
+        raise ValueError(f"unknown algo {algo!r}; choose from {ALGOS}")
+    m = x.shape[0]
     if algo == "auto" or (deterministic and algo == "atomic"):
-        algo = choose_algo(x.shape[0], group_size, deterministic)
+        algo = choose_algo(m, group_size, deterministic)
+    if algo == "small" and m > SMALL_M:
+        raise ValueError(f"algo 'small' serves M <= {SMALL_M}, got M={m}")
+    if algo in ("stationary", "atomic") and not has_index(route):
+        raise ValueError(f"algo {algo!r} needs the reorder index: pass reorder(mask), not plan_route(mask)")
     mask = route_mask(route)
-    if mask.dtype != torch.bool or tuple(mask.shape) != (x.shape[0], route.idx.shape[0]):
+    if mask.dtype != torch.bool or tuple(mask.shape) != (m, route.idx.shape[0]):
         raise ValueError(f"route.mask must be bool [M, N_G], got {mask.dtype} {tuple(mask.shape)}")
-    return _gemm_k_op(x.contiguous(), w.contiguous(), route.idx, route.count, mask.contiguous(), group_size, algo)
+    return _gemm_k_op(
+        x.contiguous(), w.contiguous(), route.idx, route.count, mask.contiguous(), group_size, algo, x_zeroed
+    )

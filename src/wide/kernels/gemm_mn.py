@@ -10,8 +10,12 @@ Weight tiles are read once per admitted program (device-side TMA descriptors on 
 compile, pointer loads otherwise). At M <= 16 (decode) there is one m-tile per group, so a program
 reads its weight slice only when some token of the batch uses the group.
 
-``zero_inactive=False`` leaves the output of inactive (row, group) pairs untouched, i.e. whatever
-``torch.empty`` held (uninitialised): use it only when a consumer ignores those entries.
+``zero_inactive=False`` leaves the output of inactive (row, group) pairs unspecified (uninitialised
+memory, or the dense value on the 'dense' path): use it only when a consumer ignores those entries.
+
+This sorted kernel serves M > DENSE_M. ``path='auto'`` sends decode-sized M (<= SMALL_M) to
+``small_m`` (reads the mask, no reorder needed) and SMALL_M < M <= DENSE_M to ``dense_mid`` (cuBLAS:
+routing cannot skip weight reads there).
 """
 
 from __future__ import annotations
@@ -20,15 +24,19 @@ import torch
 
 from ._triton_utils import (
     HAS_TRITON,
+    SMALL_M,
     check_dtype,
     ensure_allocator,
+    gemm_path,
     largest_pow2_divisor,
     m_bucket,
     tma_supported,
     use_triton,
 )
+from .dense_mid import dense_gemm_mn, dense_swiglu
 from .reference import routed_gemm_mn_ref, routed_swiglu_ref
-from .reorder import RouteIndex
+from .reorder import RouteIndex, has_index, route_mask
+from .small_m import small_gemm_mn
 
 if HAS_TRITON:
     import triton
@@ -235,6 +243,12 @@ def validate_route(x: torch.Tensor, n_out: int, n_in: int, route: RouteIndex, gr
     if x.shape[1] != n_in:
         raise ValueError(f"x has K={x.shape[1]} but the weight expects K={n_in}")
     ng = routed // group_size
+    if not has_index(route):  # index-less route of plan_route (M <= DENSE_M): the mask alone
+        if route.mask is None or tuple(route.mask.shape) != (x.shape[0], ng) or route.mask.dtype != torch.bool:
+            raise ValueError(f"route without index needs route.mask bool [{x.shape[0]}, {ng}]")
+        if route.mask.device != x.device:
+            raise ValueError(f"route on {route.mask.device} but x on {x.device}")
+        return
     if tuple(route.idx.shape) != (ng, x.shape[0]) or tuple(route.count.shape) != (ng,):
         raise ValueError(
             f"route does not match: idx {tuple(route.idx.shape)} / count {tuple(route.count.shape)}, "
@@ -246,9 +260,31 @@ def validate_route(x: torch.Tensor, n_out: int, n_in: int, route: RouteIndex, gr
         raise ValueError(f"route on {route.idx.device} but x on {x.device}")
 
 
-def _route_of(idx: torch.Tensor, count: torch.Tensor) -> RouteIndex:
+def _route_of(idx: torch.Tensor, count: torch.Tensor, mask: torch.Tensor) -> RouteIndex:
     e = idx.new_empty((0, idx.shape[0]))
-    return RouteIndex(idx, count, e, e)
+    return RouteIndex(idx, count, e, e, mask)
+
+
+def resolve_path(m: int, route: RouteIndex, path: str) -> str:
+    """The path a routed GEMM-MN takes for M tokens (``gemm_path``), checked against the route."""
+    path = gemm_path(m, path)
+    if path == "small" and m > SMALL_M:
+        raise ValueError(f"path 'small' serves M <= {SMALL_M}, got M={m}")
+    if path == "sorted" and not has_index(route):
+        raise ValueError("path 'sorted' needs the reorder index: pass reorder(mask), not plan_route(mask)")
+    return path
+
+
+def _dispatch_mn(x, w, w2, idx, count, mask, g: int, zero: bool, path: str) -> torch.Tensor:
+    """x: [M, K] -> [M, N] on a resolved path (SwiGLU when ``w2`` is given)."""
+    if path == "dense":
+        return dense_gemm_mn(x, w, mask, g, zero) if w2 is None else dense_swiglu(x, w, w2, mask, g, zero)
+    if not use_triton(x):
+        route = _route_of(idx, count, mask)
+        return routed_gemm_mn_ref(x, w, route, g) if w2 is None else routed_swiglu_ref(x, w, w2, route, g)
+    if path == "small":
+        return small_gemm_mn(x, w, w2, mask, g, zero)
+    return _launch_mn(x, w, w if w2 is None else w2, idx, count, g, zero, w2 is not None)
 
 
 @torch.library.custom_op("wide::routed_gemm_mn", mutates_args=())
@@ -257,16 +293,16 @@ def _gemm_mn_op(
     w: torch.Tensor,
     idx: torch.Tensor,
     count: torch.Tensor,
+    mask: torch.Tensor,
     group_size: int,
     zero_inactive: bool,
+    path: str,
 ) -> torch.Tensor:
-    if use_triton(x):
-        return _launch_mn(x, w, w, idx, count, group_size, zero_inactive, False)
-    return routed_gemm_mn_ref(x, w, _route_of(idx, count), group_size)
+    return _dispatch_mn(x, w, None, idx, count, mask, group_size, zero_inactive, path)
 
 
 @_gemm_mn_op.register_fake
-def _(x, w, idx, count, group_size, zero_inactive):
+def _(x, w, idx, count, mask, group_size, zero_inactive, path):
     return x.new_empty((x.shape[0], w.shape[0]))
 
 
@@ -277,29 +313,38 @@ def _swiglu_op(
     w_up: torch.Tensor,
     idx: torch.Tensor,
     count: torch.Tensor,
+    mask: torch.Tensor,
     group_size: int,
     zero_inactive: bool,
+    path: str,
 ) -> torch.Tensor:
-    if use_triton(x):
-        return _launch_mn(x, w_gate, w_up, idx, count, group_size, zero_inactive, True)
-    return routed_swiglu_ref(x, w_gate, w_up, _route_of(idx, count), group_size)
+    return _dispatch_mn(x, w_gate, w_up, idx, count, mask, group_size, zero_inactive, path)
 
 
 @_swiglu_op.register_fake
-def _(x, w_gate, w_up, idx, count, group_size, zero_inactive):
+def _(x, w_gate, w_up, idx, count, mask, group_size, zero_inactive, path):
     return x.new_empty((x.shape[0], w_gate.shape[0]))
 
 
 def routed_gemm_mn(
-    x: torch.Tensor, w: torch.Tensor, route: RouteIndex, group_size: int, *, zero_inactive: bool = True
+    x: torch.Tensor,
+    w: torch.Tensor,
+    route: RouteIndex,
+    group_size: int,
+    *,
+    zero_inactive: bool = True,
+    path: str = "auto",
 ) -> torch.Tensor:
     """N-axis routed projection: ``y[m, n] = x[m]·w[n]`` if m is active in group ``n // group_size``.
 
-    x: [M, K], w: [N, K] -> y: [M, N]. Inactive entries are 0 (``zero_inactive``) or uninitialised.
+    x: [M, K], w: [N, K] -> y: [M, N]. Inactive entries are 0 (``zero_inactive``) or unspecified.
+    ``path``: 'auto' (by M: 'small' <= SMALL_M < 'dense' <= DENSE_M < 'sorted') or one forced.
     """
     check_dtype(x, w)
     validate_route(x, w.shape[0], w.shape[1], route, group_size, "n")
-    return _gemm_mn_op(x.contiguous(), w.contiguous(), route.idx, route.count, group_size, zero_inactive)
+    path = resolve_path(x.shape[0], route, path)
+    mask = route_mask(route).contiguous()
+    return _gemm_mn_op(x.contiguous(), w.contiguous(), route.idx, route.count, mask, group_size, zero_inactive, path)
 
 
 def routed_swiglu(
@@ -310,21 +355,28 @@ def routed_swiglu(
     group_size: int,
     *,
     zero_inactive: bool = True,
+    path: str = "auto",
 ) -> torch.Tensor:
     """Fused routed gate+up: ``h = silu(x w_gate^T) * (x w_up^T)`` on active (row, group).
 
-    x: [M, K], w_gate/w_up: [N, K] -> h: [M, N]; x is read once, h written once.
+    x: [M, K], w_gate/w_up: [N, K] -> h: [M, N]; x is read once, h written once (small / sorted
+    paths; the dense path runs two cuBLAS GEMMs and one fused epilogue). ``path`` as in
+    ``routed_gemm_mn``.
     """
     check_dtype(x, w_gate, w_up)
     if w_gate.shape != w_up.shape:
         raise ValueError(f"w_gate {tuple(w_gate.shape)} and w_up {tuple(w_up.shape)} differ")
     validate_route(x, w_gate.shape[0], w_gate.shape[1], route, group_size, "n")
+    path = resolve_path(x.shape[0], route, path)
+    mask = route_mask(route).contiguous()
     return _swiglu_op(
         x.contiguous(),
         w_gate.contiguous(),
         w_up.contiguous(),
         route.idx,
         route.count,
+        mask,
         group_size,
         zero_inactive,
+        path,
     )

@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._triton_utils import HAS_TRITON, next_pow2, use_triton
+from ._triton_utils import DENSE_M, HAS_TRITON, next_pow2, use_triton
 
 if HAS_TRITON:
     import triton
@@ -181,3 +181,25 @@ def reorder(mask: torch.Tensor) -> RouteIndex:
         m3 = m3 != 0
     idx, count, bstart, bcount = _reorder_op(m3)
     return RouteIndex(idx, count, bstart, bcount, m3.reshape(-1, m3.shape[-1]))
+
+
+def has_index(route: RouteIndex) -> bool:
+    """False for the index-less routes of ``plan_route`` (mask only)."""
+    return route.idx.shape[1] == (route.mask.shape[0] if route.mask is not None else route.idx.shape[1])
+
+
+def plan_route(mask: torch.Tensor) -> RouteIndex:
+    """What the routed operators of one decision need, computed once per decision.
+
+    M > DENSE_M: the full ``reorder`` (sorted kernels). M <= DENSE_M: the mask alone (idx [N_G, 0],
+    count/batch fields empty) — the small-M and dense-M paths read the mask, so no reorder kernel
+    runs at decode; routed attention prefill computes its own index if it needs one.
+    """
+    m3 = _as_btg(mask)
+    if m3.dtype != torch.bool:
+        m3 = m3 != 0
+    b, t, ng = m3.shape
+    if b * t > DENSE_M:
+        return reorder(m3)
+    e = torch.empty(0, dtype=torch.int32, device=m3.device)
+    return RouteIndex(e.new_empty((ng, 0)), e, e.new_empty((0, ng)), e.new_empty((0, ng)), m3.reshape(b * t, ng))

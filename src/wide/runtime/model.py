@@ -3,8 +3,12 @@
 It reads the weights of a Hugging Face Llama-family model in place (no copies) and the routers of a
 `WideModel`, and runs every prunable operator through `wide.kernels`:
 
-  attention: reorder(mask) -> routed_gemm_mn (Q) -> routed attention -> routed_gemm_k (O)
-  FFN:       reorder(mask) -> routed_swiglu (gate+up) -> routed_gemm_k (down)
+  attention: plan_route(mask) -> routed_gemm_mn (Q) -> routed attention -> routed_gemm_k (O)
+  FFN:       plan_route(mask) -> routed_swiglu (gate+up) -> routed_gemm_k (down)
+
+`plan_route` runs the reorder only when M = B*T > DENSE_M (decode reads the mask directly). Q leaves
+its inactive heads unspecified (attention skips them); attention and SwiGLU write zeros there, so O
+and down are told their input is pre-zeroed (``x_zeroed``).
 
 K/V projections, norms, RoPE and lm_head stay dense. `routed=False` gives the dense baseline through
 the same code (cuBLAS linears, SDPA prefill, split-KV decode with every group active). No host
@@ -80,7 +84,7 @@ class WideRuntime:
         return router.skip_margin(h) <= 0
 
     def _linear_routed_n(self, x2: torch.Tensor, w: torch.Tensor, route, g: int, bias, mask2) -> torch.Tensor:
-        y = K.routed_gemm_mn(x2, w, route, g)
+        y = K.routed_gemm_mn(x2, w, route, g, zero_inactive=False)  # attention ignores inactive heads
         if bias is not None:  # bias only where the group runs (inactive outputs stay 0)
             y = y + bias * mask2.repeat_interleave(g, dim=-1).to(y.dtype)
         return y
@@ -93,7 +97,7 @@ class WideRuntime:
         h2 = h.reshape(b * t, -1)  # [M, D]
         if self.routed:
             mask = self._decisions(self.wm.routers[i].attn, h)  # [B, T, Hk]
-            route = K.reorder(mask)
+            route = K.plan_route(mask)
             q = self._linear_routed_n(h2, at.q_proj.weight, route, self.g_attn, at.q_proj.bias, mask.reshape(b * t, -1))
         else:
             mask, route, q = None, None, F.linear(h2, at.q_proj.weight, at.q_proj.bias)
@@ -122,7 +126,7 @@ class WideRuntime:
             ).transpose(1, 2)
         o2 = o.reshape(b * t, -1)  # [M, Hq * d]
         if self.routed:
-            y = K.routed_gemm_k(o2, at.o_proj.weight, route, self.g_attn, algo=self.algo)
+            y = K.routed_gemm_k(o2, at.o_proj.weight, route, self.g_attn, algo=self.algo, x_zeroed=True)
         else:
             y = F.linear(o2, at.o_proj.weight)
         if at.o_proj.bias is not None:
@@ -135,9 +139,9 @@ class WideRuntime:
         h = _rms(x, layer.post_attention_layernorm)
         h2 = h.reshape(b * t, -1)
         if self.routed:
-            route = K.reorder(self._decisions(self.wm.routers[i].ffn, h))
-            a = K.routed_swiglu(h2, mlp.gate_proj.weight, mlp.up_proj.weight, route, self.g_ffn)
-            y = K.routed_gemm_k(a, mlp.down_proj.weight, route, self.g_ffn, algo=self.algo)
+            route = K.plan_route(self._decisions(self.wm.routers[i].ffn, h))
+            a = K.routed_swiglu(h2, mlp.gate_proj.weight, mlp.up_proj.weight, route, self.g_ffn)  # zeros if inactive
+            y = K.routed_gemm_k(a, mlp.down_proj.weight, route, self.g_ffn, algo=self.algo, x_zeroed=True)
         else:
             a = F.silu(F.linear(h2, mlp.gate_proj.weight)) * F.linear(h2, mlp.up_proj.weight)
             y = F.linear(a, mlp.down_proj.weight)
