@@ -12,6 +12,25 @@ import time
 import pytest
 
 
+def dump_autotune(path: str) -> None:
+    """The configs the autotuners picked, per key (for the next tuning round)."""
+    import json
+
+    from wide.kernels import gemm_k, gemm_mn, small_m
+
+    tuners = {
+        "gemm_mn": gemm_mn._gemm_mn_tuned,
+        "small_mn": small_m._small_mn_tuned,
+        "small_k": small_m._small_k_tuned,
+        "gemm_k_stat_split": gemm_k._stat_split,
+        "gemm_k_stat_large": gemm_k._stat_large,
+        "gemm_k_atomic": gemm_k._atomic,
+    }
+    out = {name: {str(key): str(cfg) for key, cfg in getattr(t, "cache", {}).items()} for name, t in tuners.items()}
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+
+
 def main() -> int:
     out = sys.argv[1]
     t0 = time.time()
@@ -28,6 +47,7 @@ def main() -> int:
 
     rows = run_kernel_bench(out, quick="--full" not in sys.argv)
     print(f"[check] bench: {len(rows)} records, total {time.time() - t0:.0f}s", flush=True)
+    dump_autotune(f"{out}/autotune.json")
     with open(f"{out}/kernels-h200.md") as f:
         print(f.read())
     return rc
