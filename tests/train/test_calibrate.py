@@ -135,3 +135,28 @@ def test_compiled_layers_train_without_recompiling_per_step(tmp_path):
     # τ changes every step: it is read from a tensor, so the frames do not recompile for it
     assert counts["stats"]["unique_graphs"] <= 6, dict(counts["stats"])
     assert all(torch.isfinite(p).all() for p in wm.routers.parameters())
+
+
+def test_compiled_layer_is_traced_once_for_every_layer(tmp_path):
+    """compile_layers: one trace serves all layers and steps (no per-layer specialisation through
+    the hooks or the KV cache, which would hit Dynamo's recompile limit on deep models and leave the
+    remaining layers eager); routed outputs equal the eager model's."""
+    import torch._dynamo
+
+    layers = 6
+    torch._dynamo.reset()
+    eager = WideModel(tiny_model("llama", layers=layers), WideConfig(ffn_group_size=16, router_rank=8, sparsity=0.4))
+    wm = WideModel(tiny_model("llama", layers=layers), WideConfig(ffn_group_size=16, router_rank=8, sparsity=0.4))
+    wm.compile_layers(backend="aot_eager")  # Dynamo's guards do not depend on the backend; this one is fast
+    counts = torch._dynamo.utils.counters
+    counts.clear()
+    calibrate(wm, _dataset(), TrainConfig(**{**TC, "steps": 4}), tmp_path, progress=False)
+    # training (first layer's input without grad, the others with) and the no_grad threshold fit
+    assert counts["stats"]["unique_graphs"] <= 3 < layers, dict(counts["stats"])
+    eager.routers.load_state_dict(wm.routers.state_dict())
+    ids = _dataset().input_ids[:2]
+    with torch.no_grad():
+        want, got = eager(ids).logits, wm(ids).logits  # argmax routing
+    assert counts["stats"]["unique_graphs"] <= 4, dict(counts["stats"])
+    torch.testing.assert_close(got, want)
+    assert [m["attn"].shape for m in wm.last_masks] == [m["attn"].shape for m in eager.last_masks]

@@ -59,6 +59,15 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     return layers
 
 
+class _Slot:
+    """What the hooks of one layer and kind need: the layer index (metering), the router, the masks."""
+
+    __slots__ = ("layer", "router", "masks")
+
+    def __init__(self, layer: int, router: Router, masks: dict[str, torch.Tensor]):
+        self.layer, self.router, self.masks = layer, router, masks
+
+
 class WideModel(nn.Module):
     """A Hugging Face causal LM with WIDE routers attached in place.
 
@@ -88,57 +97,76 @@ class WideModel(nn.Module):
         self.token_mask: torch.Tensor | None = None  # [B, T] bool: real tokens of the current batch
         self.last_masks: list[dict[str, torch.Tensor]] = [{} for _ in layers]  # execute masks [B, T, N_G]
         self._handles: list = []
+        self._slotted: list[nn.Module] = []  # the modules carrying a `_wide_slot`
         self._attach(layers)
 
     # ------------------------------------------------------------------ hooks
+    # One hook function per kind and position, shared by every layer: the layer's routers and masks are
+    # found through a plain attribute (`_wide_slot`, not a registered submodule, so the base model's
+    # state_dict is untouched) on the hooked module. Nothing layer-specific (no layer index, no
+    # per-layer closure) is read on the traced path, so torch.compile traces the decoder layer once and
+    # reuses that code for every layer (see compile_layers).
     def _attach(self, layers: nn.ModuleList) -> None:
+        hooks = {kind: (self._router_hook(kind), self._mask_hook(kind)) for kind in ("attn", "ffn")}
         for i, layer in enumerate(layers):
-            self._handles += [
-                layer.input_layernorm.register_forward_hook(self._router_hook(i, "attn")),
-                layer.self_attn.o_proj.register_forward_pre_hook(self._mask_hook(i, "attn")),
-                layer.post_attention_layernorm.register_forward_hook(self._router_hook(i, "ffn")),
-                layer.mlp.down_proj.register_forward_pre_hook(self._mask_hook(i, "ffn")),
-            ]
+            for kind, norm, proj in (
+                ("attn", layer.input_layernorm, layer.self_attn.o_proj),
+                ("ffn", layer.post_attention_layernorm, layer.mlp.down_proj),
+            ):
+                slot = _Slot(i, getattr(self.routers[i], kind), self.last_masks[i])
+                norm._wide_slot = proj._wide_slot = slot
+                router_hook, mask_hook = hooks[kind]
+                self._handles += [norm.register_forward_hook(router_hook), proj.register_forward_pre_hook(mask_hook)]
+                self._slotted += [norm, proj]
 
     def detach(self) -> None:
         """Remove the hooks: the base model runs dense again."""
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        for m in self._slotted:
+            m.__dict__.pop("_wide_slot", None)
+        self._slotted.clear()
 
-    def _router_hook(self, layer: int, kind: str):
+    def _router_hook(self, kind: str):
         def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
             if self.mode == "dense":
                 return
+            slot = module._wide_slot
             x = output if self.config.router_input == "normed" else args[0]  # x: [B, T, D]
-            router = getattr(self.routers[layer], kind)
-            logits = router.logits(x)  # [B, T, N_G, 2]
+            logits = slot.router.logits(x)  # [B, T, N_G, 2]
             argmax_exec = logits[..., SKIP] <= logits[..., EXECUTE]  # [B, T, N_G] bool
             if self.mode == "gumbel":
                 # a copy of τ: the autograd graph must not see later in-place updates of the buffer
                 exec_mask = hard_gumbel_execute(logits, self._tau.clone())  # {0., 1.} with ST gradient
-                self.last_masks[layer][kind + "_argmax"] = argmax_exec
-                self.last_masks[layer][kind + "_logits"] = logits
+                slot.masks[kind + "_argmax"] = argmax_exec
+                slot.masks[kind + "_logits"] = logits
             else:
                 exec_mask = argmax_exec
-            self.last_masks[layer][kind] = exec_mask
+            slot.masks[kind] = exec_mask
             if self.metering:
-                self.meter.record(layer, kind, exec_mask)
+                self.meter.record(slot.layer, kind, exec_mask)
 
         return hook
 
-    def _mask_hook(self, layer: int, kind: str):
+    def _mask_hook(self, kind: str):
         width = self.shape.attn_heads_per_group * self.dims.head_dim if kind == "attn" else (self.shape.ffn_group_size)
 
         def hook(module: nn.Module, args: tuple):
             if self.mode == "dense":
                 return None
             h = args[0]  # h: [B, T, N_G * width]
-            m = self.last_masks[layer][kind]  # [B, T, N_G]
+            m = module._wide_slot.masks[kind]  # [B, T, N_G]
             gate = m.to(h.dtype).repeat_interleave(width, dim=-1)  # [B, T, N_G * width]
             return (h * gate,) + tuple(args[1:])
 
         return hook
+
+    def _new_forward(self, attention_mask: torch.Tensor | None) -> None:
+        self.token_mask = None if attention_mask is None else attention_mask.bool()
+        self.meter.set_token_mask(self.token_mask)
+        for m in self.last_masks:  # every forward starts from empty dicts: compiled layers see one layout
+            m.clear()
 
     @property
     def tau(self) -> float:
@@ -150,23 +178,29 @@ class WideModel(nn.Module):
         self._tau.fill_(float(value))
 
     def compile_layers(self, **kwargs) -> None:
-        """torch.compile every decoder layer (hooks included); τ and the routing mode stay switchable."""
+        """torch.compile every decoder layer (hooks included); τ and the routing mode stay switchable.
+
+        All layers run the same code object, and the hooks read nothing layer-specific, so Dynamo
+        traces it once and every layer reuses it. A few variants remain, each independent of the
+        depth: the first layer's input does not require grad, and no_grad / routing modes (the
+        threshold fit, evaluation) trace their own graphs."""
         layers = decoder_layers(self.model)
         for i in range(len(layers)):
             layers[i] = torch.compile(layers[i], **kwargs)
 
     # ------------------------------------------------------------------ running
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):
-        """Run the routed model; padding (attention_mask == 0) is excluded from skip rates."""
-        self.token_mask = None if attention_mask is None else attention_mask.bool()
-        self.meter.set_token_mask(self.token_mask)
+        """Run the routed model; padding (attention_mask == 0) is excluded from skip rates. No KV cache
+        unless use_cache=True is passed (scoring needs none; the cache also makes compiled layers
+        specialise on the layer index)."""
+        self._new_forward(attention_mask)
+        kwargs.setdefault("use_cache", False)
         return self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
 
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Routed final hidden states [B, T, D] (after the final norm), without computing the logits."""
-        self.token_mask = None if attention_mask is None else attention_mask.bool()
-        self.meter.set_token_mask(self.token_mask)
-        return self.model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        self._new_forward(attention_mask)
+        return self.model.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
 
     def skip_rates(self, which: str = "") -> tuple[torch.Tensor, torch.Tensor]:
         """Per-layer skip rates [L] (attention, FFN) of the last forward over real tokens.
