@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import assert_close_to_ref, gpu, make_route
 
 from wide.kernels.gemm_mn import routed_gemm_mn, routed_swiglu
@@ -15,7 +16,7 @@ CPU_SHAPES = [
     (1, 9, 256, 48, 128),
     (3, 7, 64, 32, 32),
     (1, 1, 64, 72, 16),
-    (2, 3, 96, 40, 32),
+    (2, 3, 96, 128, 32),
 ]
 PATHS = ["sorted", "small", "dense", "auto"]
 DTYPES = [torch.float32, torch.float16]
@@ -69,6 +70,23 @@ def test_gemm_mn_no_zero_mode_keeps_active_entries(path, m, kernel_device):
     h = routed_swiglu(x, w, w2, route, 16, zero_inactive=False, path=path)
     href = routed_swiglu_ref(x, w, w2, route, 16)
     torch.testing.assert_close(h[act], href[act], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("splits", [1, 2, 4])
+def test_small_paths_split_k(splits, kernel_device):
+    """The decode kernels' K splits (fixed-order fp32 sums) give the same product for any split count."""
+    from wide.kernels.small_m import small_gemm_k, small_gemm_mn
+
+    x, w, w2 = _inputs(3, 64, 128, torch.float32, kernel_device)
+    mask, route = make_route("random", 1, 3, 4, kernel_device)
+    m2 = mask[0]
+    torch.testing.assert_close(small_gemm_mn(x, w, None, m2, 16, True, splits), routed_gemm_mn_ref(x, w, route, 16))
+    h = small_gemm_mn(x, w, w2, m2, 16, True, splits)
+    torch.testing.assert_close(h, routed_swiglu_ref(x, w, w2, route, 16))
+    wk = w[:, :64].contiguous()  # K-routed: [N 64, K 64], 4 groups of 16
+    xk = x[:, :64].contiguous()
+    ref = F.linear(xk * m2.repeat_interleave(16, 1).to(xk.dtype), wk)
+    torch.testing.assert_close(small_gemm_k(xk, wk, m2, 16, splits), ref)
 
 
 def test_plan_route_serves_small_and_dense_paths(kernel_device):
