@@ -30,7 +30,6 @@ from wide.kernels.reference import (
     gather_scatter_gemm_n,
 )
 from wide.kernels.reorder import plan_route, reorder
-from wide.kernels.small_m import small_gemm_k, small_gemm_mn
 
 # name, kind, N, K, G, reorder included in the WIDE timing
 OPS = [
@@ -73,10 +72,10 @@ def _variants(kind: str, m: int, sp: float, extra: bool) -> list[str]:
         if m >= 1024:
             out += ["stationary", "atomic"]
         if m <= 16:
-            out += ["stationary", "small", "small_nosplit"]
+            out += ["stationary", "small"]
     else:
         if m <= 16:
-            out += ["dense", "small_nosplit"]
+            out.append("dense")
         if 16 < m <= 256:
             out.append("sorted")
         if m <= 16:
@@ -105,12 +104,7 @@ def bench_op(name, kind, n, k, g, with_route, ms_list, sparsities, gen, extra_va
             xz = x * mask.repeat_interleave(g, dim=1).to(dt) if kind == "gemm_k" else x  # producer's zeros
             for variant in _variants(kind, m, sp, extra_variants):
                 build = reorder if variant in ("sorted", "stationary", "atomic") else plan_route
-                if variant == "small_nosplit":  # the decode kernels with one K split (no workspace pass)
-                    if kind == "gemm_k":
-                        op = lambda r: small_gemm_k(x, w, r.mask, g, splits=1)
-                    else:
-                        op = lambda r: small_gemm_mn(x, w, w2, r.mask, g, kind == "gemm_mn_swiglu", splits=1)
-                elif kind == "gemm_mn":
+                if kind == "gemm_mn":
                     op = lambda r, v=variant: routed_gemm_mn(x, w, r, g, zero_inactive=False, path=v)
                 elif kind == "gemm_mn_swiglu":
                     op = lambda r, v=variant: routed_swiglu(x, w, w2, r, g, path=v)
