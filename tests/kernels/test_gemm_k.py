@@ -75,6 +75,14 @@ def test_gemm_k_deterministic_and_mask_rebuild(kernel_device):
         assert torch.equal(routed_gemm_k(xa, w, no_mask, 16, deterministic=True, algo=algo), a)
 
 
+def test_choose_algo_regimes():
+    from wide.kernels.gemm_k import choose_algo
+
+    assert choose_algo(1, 128, False) == "small" and choose_algo(4, 512, True) == "small"
+    assert choose_algo(1, 32, False) == "masked_dense"  # narrow groups: dense path at decode
+    assert choose_algo(16, 128, False) == "masked_dense" and choose_algo(4096, 128, True) == "masked_dense"
+
+
 def test_gemm_k_errors():
     x, w = _inputs(8, 32, 64, torch.float32, "cpu")
     _, route = make_route("random", 1, 8, 4)

@@ -2,7 +2,7 @@
 
 ``algo='auto'`` (``choose_algo``):
 
-* M <= SMALL_M_K: ``small`` (``small_m.small_gemm_k``) — reads the mask, skips the weight columns of
+* M <= SMALL_M_K and G >= 64: ``small`` (``small_m.small_gemm_k``) — reads the mask, skips the weight columns of
   groups no token runs (M = 1, 50%: half the weight bytes), fixed-order split-K reduction.
 * larger M: ``masked_dense`` (``dense_mid``) — zero the inactive K groups of x, then cuBLAS; with
   ``x_zeroed`` (the producer, routed SwiGLU or routed attention, already wrote those zeros) it is a
@@ -234,12 +234,13 @@ if HAS_TRITON:
 
 
 def choose_algo(m: int, group_size: int, deterministic: bool) -> str:
-    """Host-side schedule choice from shapes only: 'small' at M <= SMALL_M_K, else 'masked_dense'.
+    """Host-side schedule choice from shapes only: 'small' at M <= SMALL_M_K for groups of >= 64
+    columns, else 'masked_dense'.
 
     Measured on the H200 (Triton 3.6) the Triton large-M schedules lost to cuBLAS (stationary
     0.09-0.43x, atomic 0.55x at O / M 4096 / 50%); they stay available through ``algo``.
     """
-    if m <= SMALL_M_K:
+    if m <= SMALL_M_K and group_size >= 64:  # G 32: 32-column weight tiles, 0.71x of cuBLAS at M 1 (H200)
         return "small"
     if not deterministic and m >= ATOMIC_MIN_M and group_size >= ATOMIC_MIN_GROUP:
         return "atomic"
