@@ -47,6 +47,19 @@ def test_greedy_decode_matches_masked_path(family):
     assert torch.equal(out, seq)
 
 
+def test_folded_router_heads_decide_like_the_routers():
+    """The runtime folds each router's head (skip - execute logits, skip_bias) once; decisions are equal."""
+    model, wm = _routed("llama")
+    for r in wm.routers:
+        r.attn.skip_bias.fill_(0.3)
+        r.ffn.skip_bias.fill_(-0.2)
+    rt = WideRuntime(wm, max_batch=1, max_seq=8)
+    h = torch.randn(2, 5, 64)
+    for i, r in enumerate(wm.routers):
+        for j, router in enumerate((r.attn, r.ffn)):
+            assert torch.equal(rt._decisions(rt.heads[i][j], h), router.skip_margin(h) <= 0)
+
+
 def test_dense_runtime_matches_hf():
     model, wm = _routed("llama")
     ids = torch.randint(0, 101, (1, 6))

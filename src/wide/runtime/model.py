@@ -77,19 +77,32 @@ class WideRuntime:
         self.g_attn = s.attn_heads_per_group * d.head_dim
         self.g_ffn = s.ffn_group_size
         p = next(self.hf.parameters())
+        # per layer: the attention and FFN routers folded for inference (see _router_head)
+        self.heads = [(self._router_head(r.attn, p.dtype), self._router_head(r.ffn, p.dtype)) for r in wm.routers]
         self.cache = StaticCache.empty(d.n_layers, max_batch, max_seq, d.n_kv_heads, d.head_dim, p.dtype, p.device)
 
     # ------------------------------------------------------------------ pieces
-    def _decisions(self, router, h: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def _router_head(router, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A router folded for inference: (W_down [r, D] in the model dtype, W_margin [N_G, r] fp32,
+        b_margin [N_G] fp32) with margin = logit(skip) - logit(execute) + skip_bias = W_margin·(W_down·h)
+        + b_margin. Read once, when the runtime is built: build it after calibration / threshold fits."""
+        w = router.up.weight.detach().float().view(router.n_groups, 2, -1)  # [N_G, 2, r]
+        b = router.up.bias.detach().float().view(router.n_groups, 2)  # [N_G, 2]
+        w_margin = (w[:, SKIP] - w[:, EXECUTE]).contiguous()
+        b_margin = (b[:, SKIP] - b[:, EXECUTE] + router.skip_bias.detach().float()).contiguous()
+        return router.down.weight.detach().to(dtype).contiguous(), w_margin, b_margin
+
+    def _decisions(self, head: tuple[torch.Tensor, torch.Tensor, torch.Tensor], h: torch.Tensor) -> torch.Tensor:
         """h: [B, T, D] -> execute mask [B, T, N_G] bool (argmax routing).
 
-        The router's D -> r projection runs in h's dtype (cuBLAS accumulates in fp32): an fp32 copy of
-        h would cost more than the projection (measured: ~6 ms of a 4,096-token Llama-8B prefill). The
-        r -> 2·N_G head and the comparison stay fp32, as in training. In fp32 this is the masked path's
-        computation exactly; in bf16 a decision within rounding of its threshold can differ."""
-        r = F.linear(h, router.down.weight.to(h.dtype)).float()  # [B, T, r]
-        logits = router.up(r).unflatten(-1, (router.n_groups, 2))  # [B, T, N_G, 2]
-        return logits[..., SKIP] - logits[..., EXECUTE] + router.skip_bias <= 0
+        The D -> r projection runs in h's dtype (cuBLAS accumulates in fp32): an fp32 copy of h would
+        cost more than the projection (measured: ~6 ms of a 4,096-token Llama-8B prefill). The margin
+        head and the comparison stay fp32, as in training. In fp32 this is the masked path's decision up
+        to rounding of the folded head; in bf16 a decision within rounding of its threshold can differ."""
+        w_down, w_margin, b_margin = head
+        r = F.linear(h, w_down).float()  # [B, T, r]
+        return torch.addmm(b_margin, r.flatten(0, -2), w_margin.t()).view(*h.shape[:-1], -1) <= 0
 
     def _linear_routed_n(self, x2: torch.Tensor, w: torch.Tensor, route, g: int, bias, mask2) -> torch.Tensor:
         y = K.routed_gemm_mn(x2, w, route, g, zero_inactive=False)  # attention ignores inactive heads
@@ -104,7 +117,7 @@ class WideRuntime:
         h = _rms(x, layer.input_layernorm)
         h2 = h.reshape(b * t, -1)  # [M, D]
         if self.routed:
-            mask = self._decisions(self.wm.routers[i].attn, h)  # [B, T, Hk]
+            mask = self._decisions(self.heads[i][0], h)  # [B, T, Hk]
             route = K.plan_route(mask)
             q = self._linear_routed_n(h2, at.q_proj.weight, route, self.g_attn, at.q_proj.bias, mask.reshape(b * t, -1))
         else:
@@ -147,7 +160,7 @@ class WideRuntime:
         h = _rms(x, layer.post_attention_layernorm)
         h2 = h.reshape(b * t, -1)
         if self.routed:
-            route = K.plan_route(self._decisions(self.wm.routers[i].ffn, h))
+            route = K.plan_route(self._decisions(self.heads[i][1], h))
             a = K.routed_swiglu(h2, mlp.gate_proj.weight, mlp.up_proj.weight, route, self.g_ffn)  # zeros if inactive
             y = K.routed_gemm_k(a, mlp.down_proj.weight, route, self.g_ffn, algo=self.algo, x_zeroed=True)
         else:
