@@ -20,7 +20,8 @@ if [ "$BENCH_S" -gt 0 ]; then
 fi
 if [ "$TEST_S" -gt 0 ]; then
   timeout "$TEST_S" python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/kernels/test_gemm_mn.py \
-    tests/kernels/test_gemm_k.py tests/kernels/test_reorder.py tests/kernels/test_attention.py > "$OUT/gpu_tests.log" 2>&1
+    tests/kernels/test_gemm_k.py tests/kernels/test_reorder.py tests/kernels/test_attention.py tests/runtime/test_runtime.py \
+    > "$OUT/gpu_tests.log" 2>&1
   echo "gpu tests rc=$? $(since): $(tail -n 1 "$OUT/gpu_tests.log")"
   grep -E "^FAILED|^ERROR" "$OUT/gpu_tests.log" | head -20
 fi

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import assert_close_to_ref, gpu, make_route
 
+from tests.kernels.conftest import assert_close_to_ref, gpu, make_route
 from wide.kernels.gemm_k import routed_gemm_k
 from wide.kernels.reference import routed_gemm_k_ref
 from wide.kernels.reorder import RouteIndex, plan_route, reorder, route_mask

@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_close_to_ref, gpu, make_route
 
+from tests.kernels.conftest import assert_close_to_ref, gpu, make_route
 from wide.kernels.gemm_mn import routed_gemm_mn, routed_swiglu
 from wide.kernels.reference import routed_gemm_mn_ref, routed_swiglu_ref
 from wide.kernels.reorder import plan_route, reorder

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import HAS_CUDA, gpu
 
+from tests.kernels.conftest import HAS_CUDA, gpu
 from wide.kernels.reorder import RouteIndex, reorder, reorder_reference
 
 
