@@ -58,8 +58,8 @@ def time_graph(fn: Callable[[], object], rep: int = 60) -> float:
     return float(ms)
 
 
-def _mask(m: int, ng: int, sparsity: float, gen: torch.Generator) -> torch.Tensor:
-    return torch.rand(m, ng, device="cuda", generator=gen) >= sparsity
+def _mask(m: int, ng: int, sparsity: float, gen: torch.Generator | None, device: str = "cuda") -> torch.Tensor:
+    return torch.rand(m, ng, device=device, generator=gen) >= sparsity
 
 
 def _variants(kind: str, m: int, sp: float, extra: bool) -> list[str]:
@@ -83,14 +83,17 @@ def _variants(kind: str, m: int, sp: float, extra: bool) -> list[str]:
     return out
 
 
-def bench_op(name, kind, n, k, g, with_route, ms_list, sparsities, gen, extra_variants=False) -> list[dict]:
-    """Dense vs WIDE for one operator over M and sparsity (dense timed once per M)."""
+def bench_op(
+    name, kind, n, k, g, with_route, ms_list, sparsities, gen, extra_variants=False, device="cuda", dtype=torch.bfloat16
+) -> list[dict]:
+    """Dense vs WIDE for one operator over M and sparsity (dense timed once per M). ``device``/``dtype``
+    exist for CPU smoke tests of this code (with ``time_graph`` replaced)."""
     rows = []
-    dt = torch.bfloat16
-    w = torch.randn(n, k, device="cuda", dtype=dt) / k**0.5
-    w2 = torch.randn(n, k, device="cuda", dtype=dt) / k**0.5 if kind == "gemm_mn_swiglu" else None
+    dt = dtype
+    w = torch.randn(n, k, device=device, dtype=dt) / k**0.5
+    w2 = torch.randn(n, k, device=device, dtype=dt) / k**0.5 if kind == "gemm_mn_swiglu" else None
     for m in ms_list:
-        x = torch.randn(m, k, device="cuda", dtype=dt)
+        x = torch.randn(m, k, device=device, dtype=dt)
         if kind == "gemm_mn_swiglu":
             dense = lambda: F.silu(F.linear(x, w)) * F.linear(x, w2)
             flops = 4.0 * m * n * k
@@ -100,7 +103,7 @@ def bench_op(name, kind, n, k, g, with_route, ms_list, sparsities, gen, extra_va
         dense_ms = time_graph(dense)
         ng = (n if kind != "gemm_k" else k) // g
         for sp in sparsities:
-            mask = _mask(m, ng, sp, gen)
+            mask = _mask(m, ng, sp, gen, device)
             xz = x * mask.repeat_interleave(g, dim=1).to(dt) if kind == "gemm_k" else x  # producer's zeros
             for variant in _variants(kind, m, sp, extra_variants):
                 build = reorder if variant in ("sorted", "stationary", "atomic") else plan_route

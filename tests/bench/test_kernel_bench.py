@@ -1,0 +1,42 @@
+"""The kernel benchmark's code path (variants, routes, records, markdown) on the CPU, timing replaced.
+
+GPU time is scarce: a bug in the sweep should fail here, not on the H200. The kernels run in Triton's
+interpreter (fp32, tiny shapes); ``time_graph`` runs each callable once and reports 1 ms.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from wide.bench import gemm_bench as gb
+from wide.bench.kernels import _md
+
+
+def test_bench_op_records_every_regime_and_variant(monkeypatch):
+    calls = []
+
+    def fake_time(fn, rep=60):
+        calls.append(fn())
+        return 1.0
+
+    monkeypatch.setattr(gb, "time_graph", fake_time)
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for name, kind, n, k, g, with_route in (
+        ("q", "gemm_mn", 64, 48, 32, True),
+        ("gate_up", "gemm_mn_swiglu", 64, 48, 16, True),
+        ("down", "gemm_k", 40, 64, 16, False),
+    ):
+        rows += gb.bench_op(
+            name, kind, n, k, g, with_route, [1, 20, 300], [0.5, 0.0], gen, True, device="cpu", dtype=torch.float32
+        )
+    assert all(isinstance(c, torch.Tensor) for c in calls)  # (Q leaves inactive heads uninitialised)
+    variants = {(r["kind"], r["M"], r["variant"]) for r in rows}
+    assert ("gemm_mn", 1, "dense") in variants and ("gemm_mn", 20, "sorted") in variants
+    assert ("gemm_k", 1, "small") in variants and ("gemm_k", 300, "masked_dense") in variants
+    auto = [r for r in rows if r["variant"] == "auto"]
+    assert {r["M"] for r in auto} == {1, 20, 300} and all(r["speedup"] == 1.0 for r in auto)
+    # decode and mid-size routes skip the reorder; large M builds it
+    assert {r["route_build"] for r in auto if r["M"] <= 256} == {"plan_route"}
+    md = _md(rows, dict(gpu="cpu", versions={}, quick=False, wall_s=0.0, command="test"))
+    assert "| q | 32 | 300 |" in md and "Forced paths at 50%" in md
