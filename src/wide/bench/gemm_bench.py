@@ -76,9 +76,7 @@ def _variants(kind: str, m: int, sp: float, extra: bool) -> list[str]:
     else:
         if m <= 16:
             out.append("dense")
-        if 16 < m <= 256:
-            out.append("sorted")
-        if m <= 16:
+        if m <= 256:
             out.append("sorted")
     return out
 

@@ -108,7 +108,7 @@ if HAS_TRITON:
 SMALL_M = 16  # M <= SMALL_M (decode): mask-reading kernels skip the weight tiles no token runs
 # GEMM-K (O, down) takes its small path only up to SMALL_M_K tokens: past that, i.i.d. decisions leave
 # almost no group unused by the whole batch (1 - p^M), and the H200 run measured the small path at
-# 0.48-0.95x of cuBLAS at M = 16 (bench/results/kernels-h200.md); the dense path (cuBLAS over the
+# 0.48-0.96x of cuBLAS at M = 16 (bench/results/kernels-h200.md); the dense path (cuBLAS over the
 # producer's zeros) costs nothing extra there.
 SMALL_M_K = 4
 DENSE_M = 256  # SMALL_M < M <= DENSE_M: every group has an active token, so cuBLAS + masked epilogue

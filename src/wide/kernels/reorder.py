@@ -185,7 +185,7 @@ def reorder(mask: torch.Tensor) -> RouteIndex:
 
 def has_index(route: RouteIndex) -> bool:
     """False for the index-less routes of ``plan_route`` (mask only)."""
-    return route.idx.shape[1] == (route.mask.shape[0] if route.mask is not None else route.idx.shape[1])
+    return route.mask is None or route.idx.shape[1] == route.mask.shape[0]
 
 
 def plan_route(mask: torch.Tensor) -> RouteIndex:

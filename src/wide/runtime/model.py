@@ -97,7 +97,8 @@ class WideRuntime:
         """h: [B, T, D] -> execute mask [B, T, N_G] bool (argmax routing).
 
         The D -> r projection runs in h's dtype (cuBLAS accumulates in fp32): an fp32 copy of h would
-        cost more than the projection (measured: ~6 ms of a 4,096-token Llama-8B prefill). The margin
+        cost more than the projection (fp32 router GEMMs + casts: ~5 ms of a 4,096-token Llama-8B prefill
+        in bench/results/reverted-eec4a8a/profile_e2e.txt). The margin
         head and the comparison stay fp32, as in training. In fp32 this is the masked path's decision up
         to rounding of the folded head; in bf16 a decision within rounding of its threshold can differ."""
         w_down, w_margin, b_margin = head
