@@ -5,21 +5,29 @@
 # prefill / decode. Each step has its own time limit (0 skips it) so that a slow step cannot take the
 # others' results with it.
 # Usage (repo root): BENCH_S=150 TEST_S=180 E2E_S=60 PROFILE_S=90 bash scripts/device_kernels.sh OUT
-#   BENCH_FULL=0 runs the quick sweep.
+#   BENCH_FULL=0 runs the quick sweep; VARIANTS_S=200 first runs scripts/decode_variants.py (decode
+#   kernel configs, each error-checked, then timed). The tests run every (non-slow) test of the kernel
+#   and runtime files on the GPU with WIDE_AUTOTUNE_MAX=1 (one config per kernel: compile time
+#   dominates; the benchmark's --check and the variants sweep cover the tuned configs).
 set -u
 source scripts/device_setup.sh > /dev/null 2>&1
 OUT=${1:-/tmp/out}; mkdir -p "$OUT/bench"
-BENCH_S=${BENCH_S:-150}; TEST_S=${TEST_S:-180}; E2E_S=${E2E_S:-60}; PROFILE_S=${PROFILE_S:-90}
+VARIANTS_S=${VARIANTS_S:-0}; BENCH_S=${BENCH_S:-150}; TEST_S=${TEST_S:-180}; E2E_S=${E2E_S:-60}; PROFILE_S=${PROFILE_S:-90}
 FULL=--full; [ "${BENCH_FULL:-1}" = 0 ] && FULL=""
 start=$(date +%s)
 since() { echo "$(( $(date +%s) - start )) s"; }
+if [ "$VARIANTS_S" -gt 0 ]; then
+  timeout "$VARIANTS_S" python3 scripts/decode_variants.py "$OUT/bench" > "$OUT/variants.log" 2>&1
+  echo "variants rc=$? $(since)"; cat "$OUT/bench/decode_variants.md" 2>/dev/null
+fi
 if [ "$BENCH_S" -gt 0 ]; then
   WIDE_BENCH_COMMAND="python3 scripts/gpu_kernels_check.py \$OUT/bench --no-tests $FULL --check  (step of scripts/device_kernels.sh)" \
     timeout "$BENCH_S" python3 scripts/gpu_kernels_check.py "$OUT/bench" --no-tests $FULL --check > "$OUT/bench.log" 2>&1
   echo "bench rc=$? $(since)"; grep "^\[bench\]\|^\[check\]" "$OUT/bench.log" | tail -4
 fi
 if [ "$TEST_S" -gt 0 ]; then
-  timeout "$TEST_S" python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/kernels/test_gemm_mn.py \
+  WIDE_AUTOTUNE_MAX=1 timeout "$TEST_S" python3 -m pytest -q -m "not slow" -n 8 -p no:cacheprovider \
+    tests/kernels/test_gemm_mn.py \
     tests/kernels/test_gemm_k.py tests/kernels/test_reorder.py tests/kernels/test_attention.py tests/runtime/test_runtime.py \
     > "$OUT/gpu_tests.log" 2>&1
   echo "gpu tests rc=$? $(since): $(tail -n 1 "$OUT/gpu_tests.log")"

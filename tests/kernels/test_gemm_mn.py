@@ -73,16 +73,41 @@ def test_gemm_mn_no_zero_mode_keeps_active_entries(path, m, kernel_device):
 
 
 def test_small_k_split_sum_is_exact_and_deterministic(kernel_device):
-    """Decode GEMM-K with several K splits (fixed-order fp32 sum of the partials)."""
-    from wide.kernels.small_m import small_gemm_k, split_count
+    """Decode GEMM-K with several K splits, reduced in-kernel in split order; counters left at 0."""
+    from wide.kernels._split_reduce import tile_counters
+    from wide.kernels.small_m import small_gemm_k
 
-    x, w, _ = _inputs(1, 40, 2048, torch.float32, kernel_device)
-    mask = (torch.rand(1, 16, generator=torch.Generator().manual_seed(1)) < 0.5).to(kernel_device)
-    assert split_count(1, 2048, 16) > 1
-    y = small_gemm_k(x, w, mask, 128)
+    x, w, _ = _inputs(3, 40, 2048, torch.float32, kernel_device)
+    mask = (torch.rand(3, 16, generator=torch.Generator().manual_seed(1)) < 0.5).to(kernel_device)
+    mask[:, 5] = False  # a group no token runs
     ref = F.linear(x * mask.repeat_interleave(128, 1).to(x.dtype), w)
-    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
-    assert torch.equal(y, small_gemm_k(x, w, mask, 128))
+    cfgs = [{"BLOCK_N": 32, "BLOCK_K": 32, "SPLITS": s, "num_warps": 4} for s in (1, 2, 16)]
+    if kernel_device == "cpu":
+        cfgs = cfgs[1:2]  # interpreter: slow; one split count beyond 1
+    for cfg in cfgs:
+        y = small_gemm_k(x, w, mask, 128, config=cfg)
+        torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+        assert torch.equal(y, small_gemm_k(x, w, mask, 128, config=cfg))
+    assert not tile_counters(x, 1).any()
+
+
+def test_small_mn_split_k_matches_unsplit(kernel_device):
+    """Decode GEMM-MN / SwiGLU with K split over programs: same result, counters left at 0."""
+    from wide.kernels._split_reduce import tile_counters
+    from wide.kernels.small_m import small_gemm_mn
+
+    x, w, w2 = _inputs(2, 64, 200, torch.float32, kernel_device)
+    mask = torch.tensor([[1, 0, 1, 0], [1, 0, 0, 1]], dtype=torch.bool, device=kernel_device)
+    route = plan_route(mask)
+    ref, href = routed_gemm_mn_ref(x, w, route, 16), routed_swiglu_ref(x, w, w2, route, 16)
+    for splits in (2, 4):
+        cfg = {"BLOCK_N": 16, "BLOCK_K": 32, "SPLITS": splits, "num_warps": 4}
+        y = small_gemm_mn(x, w, None, mask, 16, True, config=cfg)
+        h = small_gemm_mn(x, w, w2, mask, 16, True, config=cfg)
+        torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(h, href, rtol=1e-5, atol=1e-5)
+        assert torch.equal(h, small_gemm_mn(x, w, w2, mask, 16, True, config=cfg))
+    assert not tile_counters(x, 1).any()
 
 
 def test_plan_route_serves_small_and_dense_paths(kernel_device):

@@ -56,6 +56,12 @@ def check_dtype(*tensors: torch.Tensor) -> None:
             raise ValueError(f"dtype mismatch: {t.dtype} vs {d}")
 
 
+def autotune_subset(configs: list) -> list:
+    """The configs an autotuner tries: all, or the first ``WIDE_AUTOTUNE_MAX`` (fast GPU test runs)."""
+    limit = int(os.environ.get("WIDE_AUTOTUNE_MAX", "0"))
+    return configs[:limit] if limit > 0 else configs
+
+
 def largest_pow2_divisor(n: int, cap: int) -> int:
     b = 1
     while b * 2 <= cap and n % (b * 2) == 0:

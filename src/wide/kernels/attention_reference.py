@@ -72,10 +72,12 @@ def attention_decode_ref(
     hpg = hq // hk
     scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
     cdt = torch.float32 if upcast else q.dtype
-    kh = _expand_heads(k_cache.to(cdt).transpose(1, 2), hpg, 1)  # [B,Hq,S,d]
-    vh = _expand_heads(v_cache.to(cdt).transpose(1, 2), hpg, 1)  # [B,Hq,S,d]
-    s = torch.matmul(kh, q.to(cdt)[..., None]).squeeze(-1) * scale  # [B,Hq,S]
     valid = torch.arange(s_max, device=q.device)[None, :] < cache_lens.to(q.device)[:, None]  # [B,S]
+    # slots past a sequence's length may hold anything (NaN / inf): zero them before any product
+    live = valid[:, :, None, None]
+    kh = _expand_heads(torch.where(live, k_cache, 0).to(cdt).transpose(1, 2), hpg, 1)  # [B,Hq,S,d]
+    vh = _expand_heads(torch.where(live, v_cache, 0).to(cdt).transpose(1, 2), hpg, 1)  # [B,Hq,S,d]
+    s = torch.matmul(kh, q.to(cdt)[..., None]).squeeze(-1) * scale  # [B,Hq,S]
     s = s.masked_fill(~valid[:, None, :], float("-inf"))
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # rows of length 0 -> 0
     o = torch.matmul(p[:, :, None, :], vh).squeeze(2)  # [B,Hq,d]

@@ -30,6 +30,7 @@ from ._triton_utils import (
     HAS_TRITON,
     SMALL_M,
     SMALL_M_K,
+    autotune_subset,
     check_dtype,
     ensure_allocator,
     largest_pow2_divisor,
@@ -74,7 +75,7 @@ def _prune_k(configs, named_args, **kwargs):
         c = configs[0]
         kw = dict(c.kwargs, BLOCK_K=largest_pow2_divisor(g, 64))
         keep = [triton.Config(kw, num_stages=3, num_warps=4)]
-    return keep
+    return autotune_subset(keep)
 
 
 if HAS_TRITON:

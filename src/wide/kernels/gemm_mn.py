@@ -25,6 +25,7 @@ import torch
 from ._triton_utils import (
     HAS_TRITON,
     SMALL_M,
+    autotune_subset,
     check_dtype,
     ensure_allocator,
     gemm_path,
@@ -70,9 +71,9 @@ if HAS_TRITON:
         _cfg(32, 64, 128, 4, 4),
     ]
     # M > 256: compute bound.
-    _LARGE = [
-        _cfg(128, 256, 64, 3, 8),
+    _LARGE = [  # first: the WIDE_AUTOTUNE_MAX=1 pick (128x256 x 3 stages can exceed shared memory)
         _cfg(128, 128, 64, 4, 8),
+        _cfg(128, 256, 64, 3, 8),
         _cfg(128, 64, 64, 4, 4),
         _cfg(128, 32, 64, 4, 4),
         _cfg(128, 256, 64, 3, 8, tma=True),
@@ -95,7 +96,7 @@ def prune_configs(configs, named_args, **kwargs):
     if not keep:  # odd group sizes (e.g. 48): one safe config
         bm = 16 if mb <= 16 else 64
         keep = [_cfg(bm, largest_pow2_divisor(g, 64), 64, 3, 4)]
-    return keep
+    return autotune_subset(keep)
 
 
 if HAS_TRITON:
