@@ -8,9 +8,12 @@ as rows (row r -> token slot r // HPG, head r % HPG) so every K/V tile is loaded
 group. Tiles whose first slot is past the active count only write zeros for their (inactive) rows,
 so no separate zero-fill runs. Tiles are launched from the last (heaviest under causality) first.
 
-Decode: split-KV flash-decoding, one program per (b, g, split); an inactive (b, g) reads no KV. The
-last split of each (b, g) to finish merges the splits by log-sum-exp in split order, inside the same
-launch (``_split_reduce``): one kernel per decode step, deterministic.
+Decode: split-KV flash-decoding, one program per (b, g, split); an inactive (b, g) reads no KV. A
+small reduce kernel combines the splits by log-sum-exp (skipped when there is one split). Merging
+inside the split kernel instead (the last split of a group merges, as the decode GEMMs reduce) measured
+slower on the H200: B 1, ctx 32,768 at 50%, 0.029 ms against 0.021 ms for the two kernels
+(bench/results/decode-variants-h200.json vs kernels-h200.json): the merging program reads the
+NS x HPG partials after its own split, where the reduce kernel spreads them over B*Hq programs.
 
 Dispatch: Triton on CUDA; on CPU Triton's interpreter when TRITON_INTERPRET=1 at import, else the
 torch reference. Both ops are `torch.library` ops (`wide::attn_prefill`, `wide::attn_decode`), free of
@@ -24,15 +27,12 @@ import os
 
 import torch
 
-from wide.kernels._split_reduce import tile_counters
 from wide.kernels.attention_reference import attention_decode_ref, attention_prefill_ref
 from wide.kernels.reorder import RouteIndex, has_index, reorder_reference
 
 try:
     import triton
     import triton.language as tl
-
-    from wide.kernels._split_reduce import arrive
 
     HAS_TRITON = True
 except ImportError:  # pragma: no cover - CPU installs without triton
@@ -152,11 +152,11 @@ if HAS_TRITON:
 
     @triton.jit
     def _decode_split_kernel(
-        Q, K, V, LENS, MASK, O, OP, LSE, CNT,
+        Q, K, V, LENS, MASK, O, OP, LSE,
         qk_scale,
         s_qb, s_qh, s_kb, s_ks, s_kh, s_vb, s_vs, s_vh, s_ob, s_oh,
         HK: tl.constexpr, HPG: tl.constexpr, HPG_P: tl.constexpr, HEAD_D: tl.constexpr,
-        BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, NS_P: tl.constexpr, PREC: tl.constexpr,
+        BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, PREC: tl.constexpr,
     ):  # fmt: skip
         qk_scale = tl.cast(qk_scale, tl.float32)
         bg = tl.program_id(0)  # b * HK + g
@@ -169,10 +169,12 @@ if HAS_TRITON:
         hmask = h < HPG
         head = g * HPG + h  # [HPG_P]
         offs_d = tl.arange(0, HEAD_D)
-        o_ptrs = O + b64 * s_ob + head[:, None] * s_oh + offs_d[None, :]
-        if act == 0:  # skipped group: split 0 writes zeros, nobody reads KV
-            if split == 0:
+        if NUM_SPLITS == 1:
+            o_ptrs = O + b64 * s_ob + head[:, None] * s_oh + offs_d[None, :]
+            if act == 0:  # skipped group: write zeros, read no KV
                 tl.store(o_ptrs, tl.zeros([HPG_P, HEAD_D], O.dtype.element_ty), mask=hmask[:, None])
+                return
+        elif act == 0:  # the reduce kernel writes the zeros
             return
         n_len = tl.load(LENS + b)
         chunk = tl.cdiv(tl.cdiv(n_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
@@ -192,30 +194,39 @@ if HAS_TRITON:
             v = tl.load(v_base + kn[:, None] * s_vs, mask=kin[:, None], other=0.0)
             acc, l_i, m_i = _softmax_step(q, k, v, acc, l_i, m_i, qk_scale, kin[None, :], True, PREC)
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        if NUM_SPLITS > 1:
-            # partials OP [B*HK, HPG, NS, D], LSE [B*HK, HPG, NS]; the last split of (b, g) to arrive
-            # merges them by log-sum-exp, one load of all splits per head (see _split_reduce)
+        if NUM_SPLITS == 1:
+            tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=hmask[:, None])
+        else:
             lse = tl.where(l_i > 0, m_i + tl.math.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
-            row = (bg.to(tl.int64) * HPG + h) * NUM_SPLITS + split  # [HPG_P]
+            row = (b * HK * HPG + head) * NUM_SPLITS + split  # OP [B, Hq, NS, D], LSE [B, Hq, NS]
             tl.store(OP + row[:, None] * HEAD_D + offs_d[None, :], out, mask=hmask[:, None])
             tl.store(LSE + row, lse, mask=hmask)
-            if arrive(CNT + bg, NUM_SPLITS):
-                offs_s = tl.arange(0, NS_P)
-                in_s = offs_s < NUM_SPLITS
-                for j in tl.static_range(HPG):
-                    rows = (bg.to(tl.int64) * HPG + j) * NUM_SPLITS + offs_s  # [NS_P]
-                    lse_s = tl.load(LSE + rows, mask=in_s, other=float("-inf"), cache_modifier=".cg")
-                    m_s = tl.max(lse_s, 0)
-                    w_s = tl.where(lse_s > float("-inf"), tl.math.exp2(lse_s - m_s), 0.0)  # [NS_P]
-                    w_sum = tl.sum(w_s, 0)
-                    part = tl.load(
-                        OP + rows[:, None] * HEAD_D + offs_d[None, :], mask=in_s[:, None], other=0.0,
-                        cache_modifier=".cg",
-                    )  # fmt: skip
-                    o_h = tl.sum(part * w_s[:, None], 0) / tl.where(w_sum > 0, w_sum, 1.0)  # [D]
-                    tl.store(O + b64 * s_ob + (g * HPG + j) * s_oh + offs_d, o_h.to(O.dtype.element_ty))
-        else:
-            tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=hmask[:, None])
+
+    @triton.jit
+    def _decode_reduce_kernel(
+        OP, LSE, MASK, O, s_ob, s_oh,
+        HQ: tl.constexpr, HPG: tl.constexpr, HEAD_D: tl.constexpr,
+        NUM_SPLITS: tl.constexpr, NS_P: tl.constexpr,
+    ):  # fmt: skip
+        bh = tl.program_id(0)  # b * HQ + h
+        b = bh // HQ
+        h = bh % HQ
+        b64 = b.to(tl.int64)
+        offs_d = tl.arange(0, HEAD_D)
+        o_ptrs = O + b64 * s_ob + h * s_oh + offs_d
+        act = tl.load(MASK + b * (HQ // HPG) + h // HPG).to(tl.int32)
+        if act == 0:
+            tl.store(o_ptrs, tl.zeros([HEAD_D], O.dtype.element_ty))
+            return
+        s = tl.arange(0, NS_P)
+        smask = s < NUM_SPLITS
+        lse = tl.load(LSE + bh * NUM_SPLITS + s, mask=smask, other=float("-inf"))  # [NS_P]
+        m = tl.max(lse, 0)
+        w = tl.where(lse > float("-inf"), tl.math.exp2(lse - m), 0.0)  # [NS_P]
+        w = w / tl.where(tl.sum(w, 0) > 0, tl.sum(w, 0), 1.0)
+        part = tl.load(OP + (bh * NUM_SPLITS + s)[:, None] * HEAD_D + offs_d[None, :], mask=smask[:, None], other=0.0)
+        out = tl.sum(part * w[:, None], 0)  # [D]
+        tl.store(o_ptrs, out.to(O.dtype.element_ty))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -322,24 +333,27 @@ def _decode_impl(q, k_cache, v_cache, cache_lens, mask, sm_scale: float, num_spl
     bsz, hq, d = q.shape
     hk = k_cache.shape[2]
     hpg = hq // hk
-    hpg_p = max(16, _next_pow2(hpg))
     o = torch.empty_like(q)
     bn, nw, ns = _decode_config(d, not q.is_cuda)
     prec = "ieee" if q.dtype == torch.float32 else None
     if num_splits > 1:
-        op = torch.empty((bsz * hk, hpg, num_splits, d), dtype=torch.float32, device=q.device)
-        lse = torch.empty((bsz * hk, hpg, num_splits), dtype=torch.float32, device=q.device)
+        op = torch.empty((bsz, hq, num_splits, d), dtype=torch.float32, device=q.device)
+        lse = torch.empty((bsz, hq, num_splits), dtype=torch.float32, device=q.device)
     else:
         op = lse = o  # unused
-    cnt = tile_counters(q, bsz * hk)
     _launch(_decode_split_kernel, (bsz * hk, num_splits))(
-        q, k_cache, v_cache, cache_lens, mask, o, op, lse, cnt,
+        q, k_cache, v_cache, cache_lens, mask, o, op, lse,
         sm_scale * _LOG2E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), o.stride(0), o.stride(1),
-        HK=hk, HPG=hpg, HPG_P=hpg_p, HEAD_D=d,
-        BLOCK_N=bn, NUM_SPLITS=num_splits, NS_P=_next_pow2(num_splits), PREC=prec, num_warps=nw, num_stages=ns,
+        HK=hk, HPG=hpg, HPG_P=max(16, _next_pow2(hpg)), HEAD_D=d,
+        BLOCK_N=bn, NUM_SPLITS=num_splits, PREC=prec, num_warps=nw, num_stages=ns,
     )  # fmt: skip
+    if num_splits > 1:
+        _launch(_decode_reduce_kernel, (bsz * hq,))(
+            op, lse, mask, o, o.stride(0), o.stride(1),
+            HQ=hq, HPG=hpg, HEAD_D=d, NUM_SPLITS=num_splits, NS_P=_next_pow2(num_splits), num_warps=4,
+        )  # fmt: skip
     return o
 
 

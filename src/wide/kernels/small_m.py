@@ -149,15 +149,14 @@ if HAS_TRITON:
 
     _small_mn_tuned = triton.autotune(
         configs=[  # the first one is the WIDE_AUTOTUNE_MAX=1 pick: a split one, so fast test runs cover it
-            _mn_cfg(16, 256, 4, splits=4),
+            _mn_cfg(32, 128, 4, splits=4),
+            _mn_cfg(64, 128, 4, splits=4),
+            _mn_cfg(64, 128, 4, splits=2),
             _mn_cfg(16, 256, 4, splits=1),
             _mn_cfg(32, 256, 4, splits=1),
             _mn_cfg(32, 128, 5, splits=1),
             _mn_cfg(64, 128, 4, splits=1),
-            _mn_cfg(16, 256, 4, splits=2),
-            _mn_cfg(32, 256, 3, splits=4),
             _mn_cfg(32, 128, 4, splits=8),
-            _mn_cfg(16, 128, 4, splits=8),
         ],
         key=["M", "N", "K", "G", "SWIGLU", "ZERO"],
         prune_configs_by={"early_config_prune": _prune_mn},
@@ -225,14 +224,14 @@ if HAS_TRITON:
                 tl.store(o_ptrs, red.to(y_ptr.dtype.element_ty), mask=(offs_r < M)[:, None] & in_n[None, :])
 
     _small_k_tuned = triton.autotune(
-        configs=[
-            _mn_cfg(32, 128, 4, splits=8),
-            _mn_cfg(64, 128, 4, splits=8),
+        configs=[  # H200 decode sweep (bench/results/decode-variants-h200.json): 64 x 64 x 8 splits fastest
+            _mn_cfg(64, 64, 5, splits=8),
+            _mn_cfg(64, 64, 5, splits=4),
+            _mn_cfg(64, 128, 4, splits=16),
             _mn_cfg(32, 128, 4, splits=16),
-            _mn_cfg(64, 64, 5, splits=16),
-            _mn_cfg(32, 256, 3, splits=4),
+            _mn_cfg(32, 128, 4, splits=8),
             _mn_cfg(64, 128, 4, splits=4),
-            _mn_cfg(32, 128, 4, splits=32),
+            _mn_cfg(32, 256, 3, splits=4),
         ],
         key=["M", "N", "K", "G"],
         prune_configs_by={"early_config_prune": _prune_k},
