@@ -146,7 +146,8 @@ def main() -> None:
         *gemm_tables(_auto(rows)),
         *attention_table(rows),
         *e2e_table(),
-        f"Command (one H200 call): `BENCH_S=265 TEST_S=0 E2E_S=50 PROFILE_S=0 bash scripts/device_kernels.sh $OUT` "
+        "Command (one H200 call): "
+        "`VARIANTS_S=0 BENCH_S=300 TEST_S=170 E2E_S=60 PROFILE_S=0 bash scripts/device_kernels.sh $OUT` "
         f"(kernels: `{meta['command']}`; e2e: `wide bench e2e --quick`); "
         "tables: `python scripts/summarize_kernels.py`.",
     ]
