@@ -91,6 +91,24 @@ def test_small_k_split_sum_is_exact_and_deterministic(kernel_device):
     assert not tile_counters(x, 1).any()
 
 
+@pytest.mark.parametrize("splits", [1, 4])
+def test_small_gemv_m1_matches_reference(splits, kernel_device):
+    """M = 1 on CUDA cores (GEMV=True), both decode kernels, with and without a K split."""
+    from wide.kernels.small_m import small_gemm_k, small_gemm_mn
+
+    x, w, w2 = _inputs(1, 64, 256, torch.float32, kernel_device)
+    cfg = {"BLOCK_N": 16, "BLOCK_K": 32, "SPLITS": splits, "num_warps": 4, "GEMV": True}
+    mn_mask = torch.tensor([[1, 0, 1, 1]], dtype=torch.bool, device=kernel_device)
+    route = plan_route(mn_mask)
+    h = small_gemm_mn(x, w, w2, mn_mask, 16, True, config=cfg)
+    torch.testing.assert_close(h, routed_swiglu_ref(x, w, w2, route, 16), rtol=1e-5, atol=1e-5)
+    k_mask = torch.tensor([[1, 0, 0, 1, 1, 0, 1, 0]], dtype=torch.bool, device=kernel_device)
+    xk = x.clone()
+    xk[0, 32:64] = float("inf")  # an unused group's garbage must not leak in
+    ref = F.linear(x * k_mask.repeat_interleave(32, 1).to(x.dtype), w)
+    torch.testing.assert_close(small_gemm_k(xk, w, k_mask, 32, config=cfg), ref, rtol=1e-5, atol=1e-5)
+
+
 def test_small_mn_split_k_matches_unsplit(kernel_device):
     """Decode GEMM-MN / SwiGLU with K split over programs: same result, counters left at 0."""
     from wide.kernels._split_reduce import tile_counters
