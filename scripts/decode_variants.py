@@ -5,7 +5,7 @@ counts of routed decode attention, each checked for bf16 error before it is time
 GEMMs are timed as in ``wide.bench.gemm_bench`` (one call per CUDA graph, L2 flushed); attention as in
 ``wide.bench.attention_bench`` (many calls per graph on rotated inputs). Writes OUT/decode_variants.json
 (one record per variant) and a short markdown table.
-Usage: python3 scripts/decode_variants.py OUT_DIR
+Usage: python3 scripts/decode_variants.py OUT_DIR [PARTS]   (PARTS: comma list of gemm1,gemm4,attn; all)
 """
 
 from __future__ import annotations
@@ -39,6 +39,19 @@ K_CFGS = {
     "o": [cfg(bn, bk, s, st) for bn, bk, st in ((32, 128, 4), (64, 128, 4), (64, 64, 5), (32, 256, 3)) for s in (4, 8)],
     "down": [cfg(bn, bk, s, st) for bn, bk, st in ((32, 128, 4), (64, 128, 4), (64, 64, 5)) for s in (8, 16, 32, 56)],
 }
+
+
+# M = 1 on CUDA cores (small_m GEMV_M1), measured next to the tensor-core configs above
+def gemv(bn, bk, splits, stages=4):
+    return dict(cfg(bn, bk, splits, stages), GEMV=True)
+
+
+GEMV_CFGS = {
+    "q": [gemv(16, 256, 2), gemv(16, 256, 4), gemv(32, 128, 4), gemv(32, 256, 2), gemv(64, 128, 2)],
+    "gate_up": [gemv(16, 256, 1), gemv(32, 128, 1), gemv(32, 256, 1), gemv(16, 128, 2)],
+    "o": [gemv(32, 128, 8), gemv(64, 64, 8, 5), gemv(32, 256, 4, 3)],
+    "down": [gemv(32, 128, 8), gemv(64, 64, 8, 5), gemv(64, 128, 8)],
+}
 SHAPES = {"q": (4096, 4096, 512), "gate_up": (14336, 4096, 128), "o": (4096, 4096, 512), "down": (4096, 14336, 128)}
 
 
@@ -62,7 +75,8 @@ def gemm_variants(recs: list, m: int) -> None:
             xz = xb * mask.repeat_interleave(g, 1)
             ref, low = routed_gemm_k_ref(x, w, r, g), routed_gemm_k_ref(xb, wb, r, g)
             dense = time_graph(lambda: F.linear(xz, wb))
-            cands = [(c, partial(small_gemm_k, xz, wb, mask, g, config=c)) for c in K_CFGS[op]]
+            cfgs = K_CFGS[op] + (GEMV_CFGS[op] if m == 1 else [])
+            cands = [(c, partial(small_gemm_k, xz, wb, mask, g, config=c)) for c in cfgs]
             cands.append(("autotuned", partial(small_gemm_k, xz, wb, mask, g)))
         else:
             sw = op == "gate_up"
@@ -73,7 +87,8 @@ def gemm_variants(recs: list, m: int) -> None:
                 ref, low = routed_gemm_mn_ref(x, w, r, g), routed_gemm_mn_ref(xb, wb, r, g)
                 dense = time_graph(lambda: F.linear(xb, wb))
             w2_arg = w2b if sw else None
-            cands = [(c, partial(small_gemm_mn, xb, wb, w2_arg, mask, g, True, config=c)) for c in MN_CFGS[op]]
+            cfgs = MN_CFGS[op] + (GEMV_CFGS[op] if m == 1 else [])
+            cands = [(c, partial(small_gemm_mn, xb, wb, w2_arg, mask, g, True, config=c)) for c in cfgs]
             cands.append(("autotuned", partial(small_gemm_mn, xb, wb, w2_arg, mask, g, True)))
         for c, fn in cands:
             rec = {"kind": "gemm", "op": op, "M": m, "group_size": g, "sparsity": 0.5, "config": c, "dense_ms": dense}
@@ -140,10 +155,13 @@ def floor(recs: list) -> None:
 def main(out_dir: str) -> None:
     t0 = time.time()
     recs: list = []
+    parts = sys.argv[2].split(",") if len(sys.argv) > 2 else ["gemm1", "gemm4", "attn"]
     floor(recs)
     for m in (1, 4):
-        gemm_variants(recs, m)
-    attn_variants(recs)
+        if f"gemm{m}" in parts:
+            gemm_variants(recs, m)
+    if "attn" in parts:
+        attn_variants(recs)
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "wall_s": time.time() - t0}
     with open(f"{out_dir}/decode_variants.json", "w") as f:
         json.dump({"meta": meta, "records": recs}, f, indent=1)
@@ -151,11 +169,12 @@ def main(out_dir: str) -> None:
     for r in recs:
         if "wide_ms" not in r or r["kind"] == "floor":
             continue
-        key = (r["kind"], r.get("op"), r.get("M"), r.get("B"), r.get("ctx"))
+        is_gemv = isinstance(r.get("config"), dict) and r["config"].get("GEMV", False)
+        key = (r["kind"], r.get("op"), r.get("M"), r.get("B"), r.get("ctx"), is_gemv)
         if key not in best or r["wide_ms"] < best[key]["wide_ms"]:
             best[key] = r
     lines = ["| kind | op / B,ctx | M | best config | wide ms | speed-up |", "|---|---|---|---|---|---|"]
-    for (kind, op, m, b, ctx), r in best.items():
+    for (kind, op, m, b, ctx, _), r in best.items():
         sp = r.get("speedup") or r.get("speedup_vs_sdpa_default")
         conf = r.get("config"), r.get("num_splits")
         lines.append(f"| {kind} | {op or (b, ctx)} | {m} | {conf} | {r['wide_ms']:.4f} | {sp:.2f} |")

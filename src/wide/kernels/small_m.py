@@ -305,7 +305,7 @@ def small_gemm_mn(
     if m == 0:
         return y
     swiglu = w2 is not None
-    if not x.is_cuda:  # interpreter: one small config, two K splits when K allows
+    if config is None and not x.is_cuda:  # interpreter: one small config, two K splits when K allows
         config = _interp_config(largest_pow2_divisor(g, 32), 32, 2 if k >= 64 else 1)
     max_splits = MN_MAX_SPLITS if config is None else config["SPLITS"]
     ws = _workspace(x, n, max_splits, 2 if swiglu else 1)
@@ -336,7 +336,7 @@ def small_gemm_k(
     y = torch.empty(m, n, device=x.device, dtype=x.dtype)
     if m == 0:
         return y
-    if not x.is_cuda:  # interpreter: one small config
+    if config is None and not x.is_cuda:  # interpreter: one small config
         config = _interp_config(32, largest_pow2_divisor(g, 32), 4 if ng >= 4 else (2 if ng >= 2 else 1))
     max_splits = K_MAX_SPLITS if config is None else config["SPLITS"]
     n_pad = triton.cdiv(n, 32) * 64  # tiles of >= 32 columns, each padded to at most 64
