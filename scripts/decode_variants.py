@@ -37,7 +37,7 @@ MN_CFGS = {
 }
 K_CFGS = {
     "o": [cfg(bn, bk, s, st) for bn, bk, st in ((32, 128, 4), (64, 128, 4), (64, 64, 5), (32, 256, 3)) for s in (4, 8)],
-    "down": [cfg(bn, bk, s, st) for bn, bk, st in ((32, 128, 4), (64, 128, 4), (64, 64, 5)) for s in (8, 16, 32, 56)],
+    "down": [cfg(bn, bk, s, st) for bn, bk, st in ((32, 128, 4), (64, 128, 4), (64, 64, 5)) for s in (8, 16, 32)],
 }
 
 
