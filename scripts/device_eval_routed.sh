@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The routed rows of the README's zero-shot table (H200): dense + the shipped SmolLM2 routers on the
-# seven tasks and WikiText-2, full sets, lm-eval protocol (bf16, batch 64, max length 4096).
+# The routed rows of the README's zero-shot table (H200): the shipped SmolLM2 routers on the seven
+# tasks and WikiText-2, full sets, lm-eval protocol (bf16, batch 64, max length 4096). The dense row is
+# bench/results/smollm2/dense.json (same protocol); DENSE=1 re-runs it here. Results are rewritten
+# after every row, so a run cut short keeps the rows it finished.
 # Usage (repo root, after the GGUF part-1 call; carry .device-carry/smol.part.ab, .device-carry/evalwhl,
 # .device-carry/data.tar.xz): bash scripts/device_eval_routed.sh OUT
 set -u
@@ -9,5 +11,6 @@ OUT=${1:-/tmp/out}; mkdir -p "$OUT"
 start=$(date +%s)
 python3 -m wide.cli eval --model smollm2-135m \
   --routers checkpoints/smollm2-135m-s25 checkpoints/smollm2-135m-s50 --tasks all \
-  --dtype bf16 --batch-size 64 --max-length 4096 --out "$OUT/routed" 2>&1 | tr '\r' '\n' | grep -v "it/s\]$" | tail -20
+  --dtype bf16 --batch-size 64 --max-length 4096 --no-lm-eval-check $([ "${DENSE:-0}" = 1 ] || echo --no-dense) \
+  --out "$OUT/routed" 2>&1 | tr '\r' '\n' | grep -v "it/s\]$" | tail -20
 echo "wall $(( $(date +%s) - start )) s" | tee "$OUT/routed_wall.txt"

@@ -138,6 +138,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
         dtype=_dtype(a.dtype, device),
         device=str(device),
         out=a.out,
+        dense=not a.no_dense,
         check_wikitext=not a.no_lm_eval_check,
     )
     if not a.out:
@@ -328,7 +329,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--max-length", type=int, default=4096)
     e.add_argument("--dtype", default="auto")
     e.add_argument("--device")
-    e.add_argument("--out", help="JSON file (a markdown table is written next to it)")
+    e.add_argument("--out", help="JSON file (a markdown table is written next to it; rewritten after every row)")
+    e.add_argument("--no-dense", action="store_true", help="only the router checkpoints (no dense base-model row)")
     e.add_argument(
         "--no-lm-eval-check",
         action="store_true",

@@ -73,6 +73,29 @@ def test_run_eval_end_to_end(data_root, tiny_dir, tiny_routers, tmp_path):
     assert json.loads((tmp_path / "res.json").read_text())["settings"]["max_length"] == 256
 
 
+def test_run_eval_keeps_finished_rows_when_interrupted(data_root, tiny_dir, tiny_routers, tmp_path, monkeypatch):
+    """Results are rewritten after every row: a run that dies on its second checkpoint keeps the first."""
+    import wide.eval.runner as runner
+
+    real, calls = runner._evaluate_one, []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "_evaluate_one", flaky)
+    out = tmp_path / "res"
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_eval(
+            str(tiny_dir), [str(tiny_routers), str(tiny_routers)], "wikitext", limit=1, batch_size=4,
+            max_length=128, device="cpu", out=str(out), dense=False, check_wikitext=False,
+        )  # fmt: skip
+    saved = json.loads((tmp_path / "res.json").read_text())
+    assert list(saved["rows"]) == [str(tiny_routers)]
+
+
 def test_errors(data_root, tiny_dir, tmp_path, monkeypatch, make_ckpt):
     from wide.eval.runner import run_eval
     from wide.eval.tasks import UnknownTaskError

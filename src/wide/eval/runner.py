@@ -213,9 +213,37 @@ def run_eval(
             check_wikitext=check_wikitext,
         )
 
+    def result_of(rows: dict) -> dict:
+        res = {
+            "model": model,
+            "tasks": zs,
+            "wikitext": wikitext,
+            "settings": {
+                "limit": limit,
+                "batch_size": batch_size,
+                "max_length": max_length,
+                "ppl_max_length": ppl_max_length,
+                "dtype": str(parse_dtype(dtype)),
+                "device": str(device),
+                "softmax_dtype": softmax_dtype,
+                "num_fewshot": 0,
+                "table_metric": {t: TABLE_METRIC[t] for t in zs},
+            },
+            "rows": rows,
+            "load_seconds": load_seconds,
+            "wall_seconds": time.time() - t_start,
+            "env": _env(),
+        }
+        _summarise(res)
+        res["markdown"] = to_markdown(res)
+        if out:  # after every row: an interrupted run keeps the rows it finished
+            write_outputs(res, out)
+        return res
+
     if dense:
         rows["dense"] = evaluate(WideLM(model, model=base, tokenizer=tok, **lm_kwargs), None)
-    for r in routers:
+        result_of(rows)
+    for i, r in enumerate(routers):
         t0 = time.time()
         if (Path(r) / "adapter_config.json").is_file():
             from peft import PeftModel
@@ -233,30 +261,9 @@ def run_eval(
         row["base_model"] = wm.base_model_id
         row["load_seconds"] = time.time() - t0 - row.get("tasks_seconds", 0) - row.get("wikitext_seconds", 0)
         rows[r] = row
-    result = {
-        "model": model,
-        "tasks": zs,
-        "wikitext": wikitext,
-        "settings": {
-            "limit": limit,
-            "batch_size": batch_size,
-            "max_length": max_length,
-            "ppl_max_length": ppl_max_length,
-            "dtype": str(parse_dtype(dtype)),
-            "device": str(device),
-            "softmax_dtype": softmax_dtype,
-            "num_fewshot": 0,
-            "table_metric": {t: TABLE_METRIC[t] for t in zs},
-        },
-        "rows": rows,
-        "load_seconds": load_seconds,
-        "wall_seconds": time.time() - t_start,
-        "env": _env(),
-    }
-    _summarise(result)
-    result["markdown"] = to_markdown(result)
-    if out:
-        write_outputs(result, out)
+        if i < len(routers) - 1:
+            result_of(rows)
+    result = result_of(rows)
     return result
 
 
