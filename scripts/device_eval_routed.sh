@@ -3,8 +3,9 @@
 # tasks and WikiText-2, full sets, lm-eval protocol (bf16, batch 64, max length 4096). The dense row is
 # bench/results/smollm2/dense.json (same protocol); DENSE=1 re-runs it here. Results are rewritten
 # after every row, so a run cut short keeps the rows it finished.
-# Usage (repo root, after the GGUF part-1 call; carry .device-carry/smol.part.ab, .device-carry/evalwhl,
-# .device-carry/data.tar.xz): bash scripts/device_eval_routed.sh OUT
+# Usage (repo root), three calls in a row on one warm machine (each carry stays under 64 MiB with the
+# tree): carry .device-carry/smol.part.aa and run `source scripts/device_setup.sh`; carry smol.part.ab +
+# data.tar.xz and run it again; carry evalwhl and run: bash scripts/device_eval_routed.sh OUT
 set -u
 source scripts/device_setup.sh
 OUT=${1:-/tmp/out}; mkdir -p "$OUT"

@@ -313,11 +313,18 @@ def to_markdown(result: dict) -> str:
     if "hellaswag" in tasks:
         notes.append("HellaSwag: approximate input (llama.cpp's text file; see SOURCES.md and wide.eval.tasks).")
     if result["wikitext"]:
-        rd = [r["wikitext"].get("lm_eval_rel_diff") for r in result["rows"].values()]
-        rd = [x for x in rd if x is not None]
+        checked = {n: r["wikitext"].get("lm_eval_rel_diff") for n, r in result["rows"].items()}
+        rd = [x for x in checked.values() if x is not None]
+        which = (
+            ""
+            if len(rd) == len(checked)
+            else " (rows checked: "
+            + ", ".join("Dense" if n == "dense" else Path(n).name for n, x in checked.items() if x is not None)
+            + ")"
+        )
         notes.append(
             f"WikiText2: word perplexity, {s['ppl_max_length']}-token rolling windows (lm-eval's "
-            "`wikitext` method)" + (f"; agrees with lm-eval's own run to {max(rd):.1e} relative." if rd else ".")
+            "`wikitext` method)" + (f"; agrees with lm-eval's own run to {max(rd):.1e} relative{which}." if rd else ".")
         )
     return "\n".join(lines + notes) + "\n"
 
