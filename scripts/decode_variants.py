@@ -41,17 +41,6 @@ K_CFGS = {
 }
 
 
-# M = 1 on CUDA cores (small_m GEMV_M1), measured next to the tensor-core configs above
-def gemv(bn, bk, splits, stages=4):
-    return dict(cfg(bn, bk, splits, stages), GEMV=True)
-
-
-GEMV_CFGS = {
-    "q": [gemv(16, 256, 2), gemv(16, 256, 4), gemv(32, 128, 4), gemv(32, 256, 2), gemv(64, 128, 2)],
-    "gate_up": [gemv(16, 256, 1), gemv(32, 128, 1), gemv(32, 256, 1), gemv(16, 128, 2)],
-    "o": [gemv(32, 128, 8), gemv(64, 64, 8, 5), gemv(32, 256, 4, 3)],
-    "down": [gemv(32, 128, 8), gemv(64, 64, 8, 5), gemv(64, 128, 8)],
-}
 SHAPES = {"q": (4096, 4096, 512), "gate_up": (14336, 4096, 128), "o": (4096, 4096, 512), "down": (4096, 14336, 128)}
 
 
@@ -75,8 +64,7 @@ def gemm_variants(recs: list, m: int) -> None:
             xz = xb * mask.repeat_interleave(g, 1)
             ref, low = routed_gemm_k_ref(x, w, r, g), routed_gemm_k_ref(xb, wb, r, g)
             dense = time_graph(lambda: F.linear(xz, wb))
-            cfgs = K_CFGS[op] + (GEMV_CFGS[op] if m == 1 else [])
-            cands = [(c, partial(small_gemm_k, xz, wb, mask, g, config=c)) for c in cfgs]
+            cands = [(c, partial(small_gemm_k, xz, wb, mask, g, config=c)) for c in K_CFGS[op]]
             cands.append(("autotuned", partial(small_gemm_k, xz, wb, mask, g)))
         else:
             sw = op == "gate_up"
@@ -87,8 +75,7 @@ def gemm_variants(recs: list, m: int) -> None:
                 ref, low = routed_gemm_mn_ref(x, w, r, g), routed_gemm_mn_ref(xb, wb, r, g)
                 dense = time_graph(lambda: F.linear(xb, wb))
             w2_arg = w2b if sw else None
-            cfgs = MN_CFGS[op] + (GEMV_CFGS[op] if m == 1 else [])
-            cands = [(c, partial(small_gemm_mn, xb, wb, w2_arg, mask, g, True, config=c)) for c in cfgs]
+            cands = [(c, partial(small_gemm_mn, xb, wb, w2_arg, mask, g, True, config=c)) for c in MN_CFGS[op]]
             cands.append(("autotuned", partial(small_gemm_mn, xb, wb, w2_arg, mask, g, True)))
         for c, fn in cands:
             rec = {"kind": "gemm", "op": op, "M": m, "group_size": g, "sparsity": 0.5, "config": c, "dense_ms": dense}
@@ -169,12 +156,11 @@ def main(out_dir: str) -> None:
     for r in recs:
         if "wide_ms" not in r or r["kind"] == "floor":
             continue
-        is_gemv = isinstance(r.get("config"), dict) and r["config"].get("GEMV", False)
-        key = (r["kind"], r.get("op"), r.get("M"), r.get("B"), r.get("ctx"), is_gemv)
+        key = (r["kind"], r.get("op"), r.get("M"), r.get("B"), r.get("ctx"))
         if key not in best or r["wide_ms"] < best[key]["wide_ms"]:
             best[key] = r
     lines = ["| kind | op / B,ctx | M | best config | wide ms | speed-up |", "|---|---|---|---|---|---|"]
-    for (kind, op, m, b, ctx, _), r in best.items():
+    for (kind, op, m, b, ctx), r in best.items():
         sp = r.get("speedup") or r.get("speedup_vs_sdpa_default")
         conf = r.get("config"), r.get("num_splits")
         lines.append(f"| {kind} | {op or (b, ctx)} | {m} | {conf} | {r['wide_ms']:.4f} | {sp:.2f} |")

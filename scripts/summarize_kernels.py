@@ -50,6 +50,28 @@ def gemm_tables(rows: list[dict]) -> list[str]:
     return out
 
 
+def decode_bandwidth(rows: list[dict]) -> list[str]:
+    """M = 1, 50%: weight bytes per second beyond the harness's fixed cost (one trivial kernel per graph,
+    measured by scripts/decode_variants.py): dense = N·K·2 bytes; WIDE = the active fraction of them."""
+    floor_ms = json.loads((RES / "decode-variants-h200.json").read_text())["records"][0]["wide_ms"]
+    out = [
+        f"Decode (M = 1, 50%) bandwidth: weight bytes / (time − {1e3 * floor_ms:.1f} µs, the cost of a graph holding "
+        "one trivial kernel in this harness, `decode-variants-h200.json`)",
+        "",
+        "| op (G) | active fraction | dense TB/s | WIDE useful TB/s | speed-up |",
+        "|---|---|---|---|---|",
+    ]
+    for kind, op, g in OPS:
+        r = _get(rows, kind=kind, op=op, group_size=g, M=1, sparsity=0.5)
+        if r is None:
+            continue
+        nbytes = r["N"] * r["K"] * 2 * (2 if kind == "gemm_mn_swiglu" else 1)
+        dense = nbytes / ((r["dense_ms"] - floor_ms) * 1e-3) / 1e12
+        wide = r["active_fraction"] * nbytes / ((r["wide_ms"] - floor_ms) * 1e-3) / 1e12
+        out.append(f"| {op} ({g}) | {r['active_fraction']:.3f} | {dense:.2f} | {wide:.2f} | {r['speedup']:.2f} |")
+    return out + [""]
+
+
 def attention_table(rows: list[dict]) -> list[str]:
     att = [r for r in rows if r["kind"].startswith("attn")]
     out = [
@@ -144,6 +166,7 @@ def main() -> None:
         "",
         *targets(rows),
         *gemm_tables(_auto(rows)),
+        *decode_bandwidth(_auto(rows)),
         *attention_table(rows),
         *e2e_table(),
         "Command (one H200 call): "

@@ -92,12 +92,12 @@ def test_small_k_split_sum_is_exact_and_deterministic(kernel_device):
 
 
 @pytest.mark.parametrize("splits", [1, 4])
-def test_small_gemv_m1_matches_reference(splits, kernel_device):
-    """M = 1 on CUDA cores (GEMV=True), both decode kernels, with and without a K split."""
+def test_small_m1_matches_reference(splits, kernel_device):
+    """M = 1 through both decode kernels (explicit config), with and without a K split."""
     from wide.kernels.small_m import small_gemm_k, small_gemm_mn
 
     x, w, w2 = _inputs(1, 64, 256, torch.float32, kernel_device)
-    cfg = {"BLOCK_N": 16, "BLOCK_K": 32, "SPLITS": splits, "num_warps": 4, "GEMV": True}
+    cfg = {"BLOCK_N": 16, "BLOCK_K": 32, "SPLITS": splits, "num_warps": 4}
     mn_mask = torch.tensor([[1, 0, 1, 1]], dtype=torch.bool, device=kernel_device)
     route = plan_route(mn_mask)
     h = small_gemm_mn(x, w, w2, mn_mask, 16, True, config=cfg)

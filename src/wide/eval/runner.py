@@ -242,7 +242,8 @@ def run_eval(
 
     if dense:
         rows["dense"] = evaluate(WideLM(model, model=base, tokenizer=tok, **lm_kwargs), None)
-        result_of(rows)
+        if routers:  # the last row's write is the final one below
+            result_of(rows)
     for i, r in enumerate(routers):
         t0 = time.time()
         if (Path(r) / "adapter_config.json").is_file():

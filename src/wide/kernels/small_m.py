@@ -30,7 +30,6 @@ if HAS_TRITON:
     from ._split_reduce import arrive, sum_partials
 
 SMALL_BLOCK_M = 16  # tensor-core minimum: rows M..15 are padding
-GEMV_M1 = False  # M = 1 on CUDA cores (config key "GEMV" overrides; decode_variants.py measures both)
 
 
 def _mn_cfg(bn, bk, stages, warps=4, splits=1):
@@ -95,7 +94,6 @@ if HAS_TRITON:
         BLOCK_K: tl.constexpr,
         SPLITS: tl.constexpr,
         BLOCK_MR: tl.constexpr,  # next_pow2(M): rows of the split reduction
-        GEMV: tl.constexpr,  # M == 1: CUDA-core products instead of a 16-row tensor-core tile
     ):
         s = tl.program_id(0)  # K split (fastest: the splits of a tile stream its weight rows together)
         pid_n = tl.program_id(1)
@@ -116,30 +114,17 @@ if HAS_TRITON:
             b2_ptrs = w2_ptr + offs_n[:, None].to(tl.int64) * stride_wn + k_lo + offs_k[None, :]
             acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            if GEMV:  # M = 1 without tensor cores: [BLOCK_N, BLOCK_K] fp32 products, summed after the loop
-                accv = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-                accv2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
             for k0 in range(k_lo, k_hi, BLOCK_K):
                 kk = (k0 + offs_k) < k_hi
+                a = tl.load(a_ptrs, mask=act[:, None] & kk[None, :], other=0.0)
                 b = tl.load(b_ptrs, mask=kk[None, :], other=0.0)
-                if GEMV:
-                    xv = tl.load(x_ptr + k0 + offs_k, mask=kk, other=0.0).to(tl.float32)  # [BK] (row 0 runs g)
-                    accv += b.to(tl.float32) * xv[None, :]
-                    if SWIGLU:
-                        b2 = tl.load(b2_ptrs, mask=kk[None, :], other=0.0)
-                        accv2 += b2.to(tl.float32) * xv[None, :]
-                else:
-                    a = tl.load(a_ptrs, mask=act[:, None] & kk[None, :], other=0.0)
-                    acc = tl.dot(a, tl.trans(b), acc, input_precision=PREC)
-                    if SWIGLU:
-                        b2 = tl.load(b2_ptrs, mask=kk[None, :], other=0.0)
-                        acc2 = tl.dot(a, tl.trans(b2), acc2, input_precision=PREC)
+                acc = tl.dot(a, tl.trans(b), acc, input_precision=PREC)
+                if SWIGLU:
+                    b2 = tl.load(b2_ptrs, mask=kk[None, :], other=0.0)
+                    acc2 = tl.dot(a, tl.trans(b2), acc2, input_precision=PREC)
                 a_ptrs += BLOCK_K
                 b_ptrs += BLOCK_K
                 b2_ptrs += BLOCK_K
-            if GEMV:
-                acc = tl.where(offs_m[:, None] == 0, tl.sum(accv, 1)[None, :], 0.0)
-                acc2 = tl.where(offs_m[:, None] == 0, tl.sum(accv2, 1)[None, :], 0.0)
             if SPLITS == 1:
                 _mn_epilogue(acc, acc2, y_ptr, mask_ptr, offs_m, offs_n, M, NG, g, stride_ym, SWIGLU, ZERO)
             else:  # partials [tile, split, plane, M, BLOCK_N]; the last split of the tile sums them
@@ -198,7 +183,6 @@ if HAS_TRITON:
         BLOCK_K: tl.constexpr,
         SPLITS: tl.constexpr,
         BLOCK_MR: tl.constexpr,  # next_pow2(M): rows of the split reduction
-        GEMV: tl.constexpr,  # M == 1: CUDA-core products instead of a 16-row tensor-core tile
     ):
         s = tl.program_id(0)  # split of the K groups (fastest: the splits of a tile read whole rows together)
         pid_n = tl.program_id(1)
@@ -212,28 +196,19 @@ if HAS_TRITON:
         n_groups = tl.maximum(tl.minimum(gps, NG - g_lo), 0)
         tiles_per_group = G // BLOCK_K
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        if GEMV:
-            accv = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         k_base = g_lo * G
         for t in range(0, n_groups * tiles_per_group):
             grp = g_lo + t // tiles_per_group
             row_act = tl.load(mask_ptr + offs_m * NG + grp, mask=in_m, other=0) != 0  # [BM]
             n_lim = tl.where(tl.max(row_act.to(tl.int32), axis=0) != 0, N, 0)  # N, or 0: no token runs grp
             k0 = k_base + t * BLOCK_K
+            a = tl.load(x_ptr + offs_m[:, None] * stride_xm + k0 + offs_k[None, :], mask=row_act[:, None], other=0.0)
             b = tl.load(
                 w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + k0 + offs_k[None, :],
                 mask=(offs_n < n_lim)[:, None],
                 other=0.0,
             )
-            if GEMV:  # M = 1 without tensor cores
-                xv = tl.where(n_lim > 0, tl.load(x_ptr + k0 + offs_k).to(tl.float32), 0.0)  # [BK]; 0 if unused
-                accv += b.to(tl.float32) * xv[None, :]
-            else:
-                a_ptrs = x_ptr + offs_m[:, None] * stride_xm + k0 + offs_k[None, :]
-                a = tl.load(a_ptrs, mask=row_act[:, None], other=0.0)
-                acc = tl.dot(a, tl.trans(b), acc, input_precision=PREC)
-        if GEMV:
-            acc = tl.where(offs_m[:, None] == 0, tl.sum(accv, 1)[None, :], 0.0)
+            acc = tl.dot(a, tl.trans(b), acc, input_precision=PREC)
         if SPLITS == 1:
             o_ptrs = y_ptr + offs_m[:, None] * N + offs_n[None, :]
             tl.store(o_ptrs, acc.to(y_ptr.dtype.element_ty), mask=in_m[:, None] & in_n[None, :])
@@ -313,12 +288,11 @@ def small_gemm_mn(
     args = (x, w, w2 if swiglu else w, y, mask.view(torch.uint8), ws, cnt, m, n, k, g, n // g)
     args += (x.stride(0), w.stride(0), y.stride(0))
     flags = {"SWIGLU": swiglu, "ZERO": zero, "PREC": _prec(x), "BLOCK_M": SMALL_BLOCK_M, "BLOCK_MR": next_pow2(m)}
-    flags["GEMV"] = GEMV_M1 and m == 1
     _check_splits(config)
     if config is None:
         _small_mn_tuned[lambda meta: (meta["SPLITS"], n // meta["BLOCK_N"])](*args, **flags)
     else:
-        _small_mn_kernel[(config["SPLITS"], n // config["BLOCK_N"])](*args, **{**flags, **config})
+        _small_mn_kernel[(config["SPLITS"], n // config["BLOCK_N"])](*args, **flags, **config)
     return y
 
 
@@ -344,10 +318,9 @@ def small_gemm_k(
     cnt = tile_counters(x, triton.cdiv(n, 32))
     args = (x, w, y, mask.view(torch.uint8), ws, cnt, m, n, k, g, ng, x.stride(0), w.stride(0))
     flags = {"PREC": _prec(x), "BLOCK_M": SMALL_BLOCK_M, "BLOCK_MR": next_pow2(m)}
-    flags["GEMV"] = GEMV_M1 and m == 1
     _check_splits(config)
     if config is None:
         _small_k_tuned[lambda meta: (meta["SPLITS"], triton.cdiv(n, meta["BLOCK_N"]))](*args, **flags)
     else:
-        _small_k_kernel[(config["SPLITS"], triton.cdiv(n, config["BLOCK_N"]))](*args, **{**flags, **config})
+        _small_k_kernel[(config["SPLITS"], triton.cdiv(n, config["BLOCK_N"]))](*args, **flags, **config)
     return y
