@@ -2,10 +2,12 @@
 """Decode-kernel tuning sweep on the GPU: explicit configs of the small-M routed GEMMs and split
 counts of routed decode attention, each checked for bf16 error before it is timed.
 
-GEMMs are timed as in ``wide.bench.gemm_bench`` (one call per CUDA graph, L2 flushed); attention as in
-``wide.bench.attention_bench`` (many calls per graph on rotated inputs). Writes OUT/decode_variants.json
-(one record per variant) and a short markdown table.
-Usage: python3 scripts/decode_variants.py OUT_DIR [PARTS]   (PARTS: comma list of gemm1,gemm4,attn; all)
+Timed as the benchmarks time (``wide.bench.timing.time_calls``: back-to-back calls on rotated input
+copies in one CUDA graph). Also sweeps the sorted GEMM-MN tile configs at M = 4096 ('large') and the
+routed prefill attention launch configs ('prefill'). Writes OUT/decode_variants.json (one record per
+variant) and a short markdown table.
+Usage: python3 scripts/decode_variants.py OUT_DIR [PARTS]   (PARTS: comma list of
+gemm1,gemm4,attn,large,prefill; default gemm1,gemm4,attn)
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch.nn.functional as F
 
 from wide.bench import attention_bench as AB
 from wide.bench.gemm_bench import time_graph
+from wide.bench.timing import copies_for
 from wide.kernels import attention as A
 from wide.kernels.attention_reference import attention_decode_ref
 from wide.kernels.reference import routed_gemm_k_ref, routed_gemm_mn_ref, routed_swiglu_ref
@@ -53,44 +56,160 @@ def err_ok(out, ref32, low) -> tuple[bool, float, float]:
 def gemm_variants(recs: list, m: int) -> None:
     gen = torch.Generator(device="cuda").manual_seed(m)
     for op, (n, k, g) in SHAPES.items():
-        w = torch.randn(n, k, device="cuda", generator=gen) / k**0.5
-        w2 = torch.randn(n, k, device="cuda", generator=gen) / k**0.5
-        x = torch.randn(m, k, device="cuda", generator=gen)
+        nc = copies_for(n * k * 2 * (2 if op == "gate_up" else 1))
+        w = [torch.randn(n, k, device="cuda", generator=gen) / k**0.5 for _ in range(nc)]
+        w2 = [torch.randn(n, k, device="cuda", generator=gen) / k**0.5 if op == "gate_up" else None for _ in range(nc)]
+        x = [torch.randn(m, k, device="cuda", generator=gen) for _ in range(nc)]
         ng = (k if op in ("o", "down") else n) // g
-        mask = torch.rand(m, ng, device="cuda", generator=gen) < 0.5
-        r = plan_route(mask)
-        xb, wb, w2b = x.bfloat16(), w.bfloat16(), w2.bfloat16()
+        mask = [torch.rand(m, ng, device="cuda", generator=gen) < 0.5 for _ in range(nc)]
+        r = plan_route(mask[0])
+        xb, wb = [t.bfloat16() for t in x], [t.bfloat16() for t in w]
+        w2b = [t.bfloat16() if t is not None else None for t in w2]
         if op in ("o", "down"):
-            xz = xb * mask.repeat_interleave(g, 1)
-            ref, low = routed_gemm_k_ref(x, w, r, g), routed_gemm_k_ref(xb, wb, r, g)
-            dense = time_graph(lambda: F.linear(xz, wb))
-            cands = [(c, partial(small_gemm_k, xz, wb, mask, g, config=c)) for c in K_CFGS[op]]
-            cands.append(("autotuned", partial(small_gemm_k, xz, wb, mask, g)))
+            xz = [a * mk.repeat_interleave(g, 1) for a, mk in zip(xb, mask, strict=True)]
+            ref, low = routed_gemm_k_ref(x[0], w[0], r, g), routed_gemm_k_ref(xb[0], wb[0], r, g)
+            dense = time_graph([partial(F.linear, a, b) for a, b in zip(xz, wb, strict=True)])
+
+            def make(c, xz=xz, wb=wb, mask=mask):
+                kw = {} if c is None else {"config": c}
+                return [partial(small_gemm_k, a, b, mk, g, **kw) for a, b, mk in zip(xz, wb, mask, strict=True)]
+
+            cfgs = K_CFGS[op]
         else:
             sw = op == "gate_up"
             if sw:
-                ref, low = routed_swiglu_ref(x, w, w2, r, g), routed_swiglu_ref(xb, wb, w2b, r, g)
-                dense = time_graph(lambda: F.silu(F.linear(xb, wb)) * F.linear(xb, w2b))
+                ref, low = routed_swiglu_ref(x[0], w[0], w2[0], r, g), routed_swiglu_ref(xb[0], wb[0], w2b[0], r, g)
+                dense = time_graph(
+                    [lambda a=a, b=b, c=c: F.silu(F.linear(a, b)) * F.linear(a, c) for a, b, c in zip(xb, wb, w2b)]
+                )
             else:
-                ref, low = routed_gemm_mn_ref(x, w, r, g), routed_gemm_mn_ref(xb, wb, r, g)
-                dense = time_graph(lambda: F.linear(xb, wb))
-            w2_arg = w2b if sw else None
-            cands = [(c, partial(small_gemm_mn, xb, wb, w2_arg, mask, g, True, config=c)) for c in MN_CFGS[op]]
-            cands.append(("autotuned", partial(small_gemm_mn, xb, wb, w2_arg, mask, g, True)))
-        for c, fn in cands:
-            rec = {"kind": "gemm", "op": op, "M": m, "group_size": g, "sparsity": 0.5, "config": c, "dense_ms": dense}
+                ref, low = routed_gemm_mn_ref(x[0], w[0], r, g), routed_gemm_mn_ref(xb[0], wb[0], r, g)
+                dense = time_graph([partial(F.linear, a, b) for a, b in zip(xb, wb, strict=True)])
+
+            def make(c, xb=xb, wb=wb, w2b=w2b, mask=mask):
+                kw = {} if c is None else {"config": c}
+                return [
+                    partial(small_gemm_mn, a, b, c2, mk, g, True, **kw)
+                    for a, b, c2, mk in zip(xb, wb, w2b, mask, strict=True)
+                ]
+
+            cfgs = MN_CFGS[op]
+        for c in [*cfgs, None]:
+            fns = make(c)
+            rec = {"kind": "gemm", "op": op, "M": m, "group_size": g, "sparsity": 0.5, "config": c or "autotuned",
+                   "dense_ms": dense, "copies": nc,
+                   "active_fraction": torch.stack(mask).float().mean().item()}  # fmt: skip
             try:
-                out = fn()
+                out = fns[0]()
                 ok, e, b = err_ok(out, ref, low)
-                same = torch.equal(out, fn())
+                same = torch.equal(out, fns[0]())
                 rec.update(err=e, torch_err=b, err_ok=ok, repeat_identical=same)
                 if ok:
-                    rec["wide_ms"] = time_graph(fn)
+                    rec["wide_ms"] = time_graph(fns)
                     rec["speedup"] = dense / rec["wide_ms"]
             except Exception as exc:  # noqa: BLE001 - record the failure, go on
                 rec["error"] = repr(exc)[:300]
             recs.append(rec)
             print(json.dumps(rec), flush=True)
+
+
+def large_mn_variants(recs: list, m: int = 4096) -> None:
+    """Sorted GEMM-MN tile configs at large M, 50% and 0%: each forced as the only autotune candidate."""
+    from wide.kernels import clear_autotune_cache
+    from wide.kernels import gemm_mn as GM
+    from wide.kernels.reorder import reorder
+
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    saved = list(GM._LARGE)
+    cands = saved + [GM._cfg(64, 256, 64, 4, 8, tma=True), GM._cfg(128, 128, 64, 5, 8, tma=True),
+                     GM._cfg(256, 128, 64, 3, 8, tma=True), GM._cfg(128, 256, 64, 4, 8, tma=True)]  # fmt: skip
+    for op, (n, k, g) in (("q", SHAPES["q"]), ("gate_up", SHAPES["gate_up"])):
+        sw = op == "gate_up"
+        nc = copies_for(n * k * 2 * (2 if sw else 1) + m * k * 2)
+        w = [torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) / k**0.5 for _ in range(nc)]
+        w2 = [torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) / k**0.5 for _ in range(nc)]
+        x = [torch.randn(m, k, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(nc)]
+        if sw:
+            dense = time_graph(
+                [lambda a=a, b=b, c=c: F.silu(F.linear(a, b)) * F.linear(a, c) for a, b, c in zip(x, w, w2)]
+            )
+        else:
+            dense = time_graph([partial(F.linear, a, b) for a, b in zip(x, w, strict=True)])
+        for sp in (0.5, 0.0):
+            masks = [torch.rand(m, n // g, device="cuda", generator=gen) >= sp for _ in range(nc)]
+            routes = [reorder(mk) for mk in masks]
+            for c in cands:
+                if g % c.kwargs["BLOCK_N"]:
+                    continue
+                GM._LARGE[:] = [c]
+                GM._gemm_mn_tuned.configs = [c]
+                clear_autotune_cache()
+                if sw:
+                    fns = [partial(GM.routed_swiglu, a, b, c2, r, g) for a, b, c2, r in zip(x, w, w2, routes)]
+                else:
+                    fns = [partial(GM.routed_gemm_mn, a, b, r, g, zero_inactive=False) for a, b, r in zip(x, w, routes)]
+                rec = {"kind": "gemm_large", "op": op, "M": m, "group_size": g, "sparsity": sp, "config": str(c),
+                       "dense_ms": dense, "copies": nc}  # fmt: skip
+                try:
+                    rec["wide_ms"] = time_graph(fns)
+                    rec["speedup"] = dense / rec["wide_ms"]
+                except Exception as exc:  # noqa: BLE001
+                    rec["error"] = repr(exc)[:300]
+                recs.append(rec)
+                print(json.dumps(rec), flush=True)
+    GM._LARGE[:] = saved
+    GM._gemm_mn_tuned.configs = GM._ALL
+    clear_autotune_cache()
+
+
+def prefill_variants(recs: list) -> None:
+    """Routed prefill attention launch configs (BLOCK_M, BLOCK_N, warps, stages) at 50% and 0%."""
+    from wide.kernels.reorder import reorder
+
+    hq, hk, d = 32, 8, 128
+    for b, t in ((1, 4096), (8, 4096)):
+        n = AB._copies(b * t * (2 * hq + 2 * hk) * d * 2)
+        qs = [torch.randn(b, t, hq, d, device="cuda", dtype=torch.bfloat16) for _ in range(n)]
+        ks = [torch.randn(b, t, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(n)]
+        vs = [torch.randn(b, t, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(n)]
+        tr = [x.transpose(1, 2) for x in qs], [x.transpose(1, 2) for x in ks], [x.transpose(1, 2) for x in vs]
+        sdpa_ms = AB.time_graph(AB._sdpa_cands(*tr, causal=True)["sdpa-default(enable_gqa)"])
+        for sp in (0.5, 0.0):
+            masks = [torch.rand(b, t, hk, device="cuda") >= sp for _ in range(n)]
+            routes = [reorder(mk) for mk in masks]
+            for conf, tma, ws in ((None, False, False), (None, True, False), (None, True, True),
+                                  ((128, 64, 8, 3), True, True), ((128, 128, 8, 3), True, True),
+                                  ((128, 128, 8, 3), True, False), ((64, 64, 4, 3), True, True),
+                                  ((128, 64, 4, 3), True, True), ((128, 128, 4, 2), True, True)):  # fmt: skip
+                A.PREFILL_CONFIG_OVERRIDE = conf
+                A.PREFILL_KV_TMA, A.PREFILL_WS = tma, ws
+                rec = {
+                    "kv_tma": tma,
+                    "ws": ws,
+                    "kind": "attn_prefill",
+                    "B": b,
+                    "T": t,
+                    "sparsity": sp,
+                    "config": conf,
+                    "sdpa_default_ms": sdpa_ms,
+                }
+                try:
+                    fns = [
+                        partial(A.routed_attention_prefill, q, k, v, mk, route=r)
+                        for q, k, v, mk, r in zip(qs, ks, vs, masks, routes, strict=True)
+                    ]
+                    out = fns[0]().float()
+                    ref = A.attention_prefill_ref(qs[0][:, -256:].float(), ks[0].float(), vs[0].float(),
+                                                  masks[0][:, -256:], 1 / d**0.5, True)  # fmt: skip
+                    rec["max_err_last256"] = (out[:, -256:] - ref).abs().max().item()
+                    rec["wide_ms"] = AB.time_graph(fns)
+                    rec["speedup_vs_sdpa_default"] = sdpa_ms / rec["wide_ms"]
+                except Exception as exc:  # noqa: BLE001
+                    rec["error"] = repr(exc)[:300]
+                A.PREFILL_CONFIG_OVERRIDE = None
+                A.PREFILL_KV_TMA = A.PREFILL_WS = False
+                recs.append(rec)
+                print(json.dumps(rec), flush=True)
 
 
 def attn_variants(recs: list) -> None:
@@ -133,9 +252,9 @@ def attn_variants(recs: list) -> None:
 
 
 def floor(recs: list) -> None:
-    """Time of a graph holding one trivial kernel, with the GEMM harness (its fixed cost)."""
+    """Time per call of a trivial kernel in the harness (back-to-back in one graph): its fixed cost."""
     t = torch.zeros(1, device="cuda")
-    recs.append({"kind": "floor", "what": "one 1-element add per graph", "wide_ms": time_graph(lambda: t.add_(1))})
+    recs.append({"kind": "floor", "what": "one 1-element add per call", "wide_ms": time_graph([lambda: t.add_(1)])})
     print(json.dumps(recs[-1]), flush=True)
 
 
@@ -149,6 +268,10 @@ def main(out_dir: str) -> None:
             gemm_variants(recs, m)
     if "attn" in parts:
         attn_variants(recs)
+    if "large" in parts:
+        large_mn_variants(recs)
+    if "prefill" in parts:
+        prefill_variants(recs)
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "wall_s": time.time() - t0}
     with open(f"{out_dir}/decode_variants.json", "w") as f:
         json.dump({"meta": meta, "records": recs}, f, indent=1)
@@ -156,14 +279,14 @@ def main(out_dir: str) -> None:
     for r in recs:
         if "wide_ms" not in r or r["kind"] == "floor":
             continue
-        key = (r["kind"], r.get("op"), r.get("M"), r.get("B"), r.get("ctx"))
+        key = (r["kind"], r.get("op"), r.get("M"), r.get("B"), r.get("ctx") or r.get("T"), r.get("sparsity"))
         if key not in best or r["wide_ms"] < best[key]["wide_ms"]:
             best[key] = r
-    lines = ["| kind | op / B,ctx | M | best config | wide ms | speed-up |", "|---|---|---|---|---|---|"]
-    for (kind, op, m, b, ctx), r in best.items():
+    lines = ["| kind | op / B,T | M | sparsity | best config | wide ms | speed-up |", "|---|---|---|---|---|---|---|"]
+    for (kind, op, m, b, ctx, spars), r in best.items():
         sp = r.get("speedup") or r.get("speedup_vs_sdpa_default")
         conf = r.get("config"), r.get("num_splits")
-        lines.append(f"| {kind} | {op or (b, ctx)} | {m} | {conf} | {r['wide_ms']:.4f} | {sp:.2f} |")
+        lines.append(f"| {kind} | {op or (b, ctx)} | {m} | {spars} | {conf} | {r['wide_ms']:.4f} | {sp:.2f} |")
     with open(f"{out_dir}/decode_variants.md", "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -1,7 +1,7 @@
 """The kernel benchmark's code path (variants, routes, records, markdown) on the CPU, timing replaced.
 
 GPU time is scarce: a bug in the sweep should fail here, not on the H200. The kernels run in Triton's
-interpreter (fp32, tiny shapes); ``time_graph`` runs each callable once and reports 1 ms.
+interpreter (fp32, tiny shapes); ``time_graph`` runs each call (one per input copy) once and reports 1 ms.
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ from wide.bench.kernels import _md
 def test_bench_op_records_every_regime_and_variant(monkeypatch):
     calls = []
 
-    def fake_time(fn, rep=60):
-        calls.append(fn())
+    def fake_time(fns):
+        calls.extend(f() for f in fns)
         return 1.0
 
     monkeypatch.setattr(gb, "time_graph", fake_time)
+    monkeypatch.setattr(gb, "copies_for", lambda nbytes: 2)  # rotation is exercised, interpreter time kept low
     gen = torch.Generator().manual_seed(0)
     rows = []
     for name, kind, n, k, g, with_route in (
@@ -30,7 +31,8 @@ def test_bench_op_records_every_regime_and_variant(monkeypatch):
         rows += gb.bench_op(
             name, kind, n, k, g, with_route, [1, 20, 300], [0.5, 0.0], gen, True, device="cpu", dtype=torch.float32
         )
-    assert all(isinstance(c, torch.Tensor) for c in calls)  # (Q leaves inactive heads uninitialised)
+    assert all(isinstance(c, torch.Tensor) for c in calls)
+    assert all(r["copies"] == 2 for r in rows)  # (Q leaves inactive heads uninitialised)
     variants = {(r["kind"], r["M"], r["variant"]) for r in rows}
     assert ("gemm_mn", 1, "dense") in variants and ("gemm_mn", 20, "sorted") in variants
     assert ("gemm_k", 1, "small") in variants and ("gemm_k", 300, "masked_dense") in variants

@@ -10,15 +10,15 @@ cuDNN / efficient with K/V repeated outside the timed region); its name is in `b
 
 from __future__ import annotations
 
-import math
-import statistics
 from functools import partial
 
 import torch
 import torch.nn.functional as F
 
+from wide.bench.timing import copies_for as _copies
+from wide.bench.timing import time_calls as time_graph
+
 HQ, HK, D = 32, 8, 128
-L2_BYTES = 256 << 20  # rotate inputs over at least this many bytes
 _BASELINE_CACHE: dict = {}  # (kind, B, T) -> (name, ms): sweeps time the dense baseline once
 
 
@@ -26,43 +26,6 @@ def _versions() -> dict:
     import triton
 
     return {"torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda}
-
-
-def _event_ms(fn, n: int = 3) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(n):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / n
-
-
-def time_graph(fns: list, target_ms: float = 3.0, replays: int = 7) -> float:
-    """Median ms per call of CUDA-graph replays; fns are equivalent calls on rotated input copies."""
-    for f in fns:  # warm-up: compile, autotune, allocator
-        f()
-    torch.cuda.synchronize()
-    one = max(_event_ms(fns[0]), 1e-3)
-    reps = int(min(400, max(len(fns), math.ceil(target_ms / one))))
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for f in fns:
-            f()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(reps):
-            fns[i % len(fns)]()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = [_event_ms(graph.replay, 1) / reps for _ in range(replays)]
-    return statistics.median(times)
-
-
-def _copies(bytes_per_call: int) -> int:
-    return int(min(16, max(1, math.ceil(L2_BYTES / max(1, bytes_per_call)))))
 
 
 def _best(cands: dict) -> tuple[str, float, dict]:

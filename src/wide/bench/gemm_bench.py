@@ -1,9 +1,10 @@
 # ruff: noqa: B023  (closures are timed inside the loop iteration that defines them)
 """Routed GEMM / reorder / gather-scatter measurements on one GPU (Llama-3.1-8B operator shapes).
 
-Timing: each variant (dense cuBLAS baseline and WIDE) is captured once in a CUDA graph after a
-warm-up call (autotuning happens there); ``triton.testing.do_bench`` then times graph replays,
-median, with its L2 flush before every replay (weights come from HBM, as in a real layer).
+Timing (``wide.bench.timing.time_calls``, as the attention bench): a CUDA graph of back-to-back calls
+cycling through copies of the weights, inputs and masks that together exceed the L2 cache (weights
+come from HBM, as in a model whose layers each have their own); median per call. Each sparsity level
+is autotuned afresh on its own masks (``clear_autotune_cache``), as a model deployed at that level is.
 
 The WIDE operators are called as ``wide.runtime`` calls them: for Q and fused gate+up (the first
 operators of their decision) the timing includes ``plan_route(mask)`` — the reorder when M > 256,
@@ -16,11 +17,14 @@ forced paths and GEMM-K on an input that is not pre-zeroed.
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 
+from wide.bench.timing import copies_for, time_calls
+from wide.kernels import clear_autotune_cache
 from wide.kernels.gemm_k import routed_gemm_k
 from wide.kernels.gemm_mn import routed_gemm_mn, routed_swiglu
 from wide.kernels.reference import (
@@ -42,20 +46,9 @@ OPS = [
 ]
 
 
-def time_graph(fn: Callable[[], object], rep: int = 60) -> float:
-    """Median ms of CUDA-graph replays of ``fn`` (one call per graph), L2 flushed between replays."""
-    import triton
-
-    fn()  # warm-up / autotune
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    ms = triton.testing.do_bench(graph.replay, warmup=10, rep=rep, return_mode="median")
-    del graph
-    return float(ms)
+def time_graph(fns: Sequence[Callable[[], object]]) -> float:
+    """Median ms per call: back-to-back calls on rotated input copies in one CUDA graph (see timing)."""
+    return time_calls(fns)
 
 
 def _mask(m: int, ng: int, sparsity: float, gen: torch.Generator | None, device: str = "cuda") -> torch.Tensor:
@@ -81,6 +74,23 @@ def _variants(kind: str, m: int, sp: float, extra: bool) -> list[str]:
     return out
 
 
+def _op_call(kind: str, variant: str, x, w, w2, g: int, xz) -> Callable:
+    """The WIDE call of one operator on one input copy, as a function of the route."""
+    if kind == "gemm_mn":
+        return lambda r: routed_gemm_mn(x, w, r, g, zero_inactive=False, path=variant)
+    if kind == "gemm_mn_swiglu":
+        return lambda r: routed_swiglu(x, w, w2, r, g, path=variant)
+    if variant == "auto":
+        return lambda r: routed_gemm_k(xz, w, r, g, x_zeroed=True)
+    return lambda r: routed_gemm_k(x, w, r, g, algo=variant)
+
+
+def _dense_call(kind: str, x, w, w2) -> Callable:
+    if kind == "gemm_mn_swiglu":
+        return lambda: F.silu(F.linear(x, w)) * F.linear(x, w2)
+    return partial(F.linear, x, w)
+
+
 def bench_op(
     name, kind, n, k, g, with_route, ms_list, sparsities, gen, extra_variants=False, device="cuda", dtype=torch.bfloat16
 ) -> list[dict]:
@@ -88,35 +98,32 @@ def bench_op(
     exist for CPU smoke tests of this code (with ``time_graph`` replaced)."""
     rows = []
     dt = dtype
-    w = torch.randn(n, k, device=device, dtype=dt) / k**0.5
-    w2 = torch.randn(n, k, device=device, dtype=dt) / k**0.5 if kind == "gemm_mn_swiglu" else None
+    swiglu = kind == "gemm_mn_swiglu"
+    w_bytes = n * k * dt.itemsize * (2 if swiglu else 1)
+    n_copies = copies_for(w_bytes)
+    ws = [torch.randn(n, k, device=device, dtype=dt) / k**0.5 for _ in range(n_copies)]
+    w2s = [torch.randn(n, k, device=device, dtype=dt) / k**0.5 if swiglu else None for _ in range(n_copies)]
+    flops = (4.0 if swiglu else 2.0) * n * k
+    ng = (n if kind != "gemm_k" else k) // g
     for m in ms_list:
-        x = torch.randn(m, k, device=device, dtype=dt)
-        if kind == "gemm_mn_swiglu":
-            dense = lambda: F.silu(F.linear(x, w)) * F.linear(x, w2)
-            flops = 4.0 * m * n * k
-        else:
-            dense = lambda: F.linear(x, w)
-            flops = 2.0 * m * n * k
-        dense_ms = time_graph(dense)
-        ng = (n if kind != "gemm_k" else k) // g
+        nc = copies_for(w_bytes + m * k * dt.itemsize)
+        xs = [torch.randn(m, k, device=device, dtype=dt) for _ in range(nc)]
+        dense_ms = time_graph([_dense_call(kind, x, w, w2) for x, w, w2 in zip(xs, ws, w2s, strict=False)])
         for sp in sparsities:
-            mask = _mask(m, ng, sp, gen, device)
-            xz = x * mask.repeat_interleave(g, dim=1).to(dt) if kind == "gemm_k" else x  # producer's zeros
+            clear_autotune_cache()  # tune this sparsity level on its own masks
+            masks = [_mask(m, ng, sp, gen, device) for _ in range(nc)]
+            # O / down get the producer's zeros in the inactive groups
+            xzs = [x * mk.repeat_interleave(g, dim=1).to(dt) if kind == "gemm_k" else x for x, mk in zip(xs, masks)]
+            active = torch.stack(masks).float().mean().item()
             for variant in _variants(kind, m, sp, extra_variants):
                 build = reorder if variant in ("sorted", "stationary", "atomic") else plan_route
-                if kind == "gemm_mn":
-                    op = lambda r, v=variant: routed_gemm_mn(x, w, r, g, zero_inactive=False, path=v)
-                elif kind == "gemm_mn_swiglu":
-                    op = lambda r, v=variant: routed_swiglu(x, w, w2, r, g, path=v)
-                elif variant == "auto":
-                    op = lambda r: routed_gemm_k(xz, w, r, g, x_zeroed=True)
+                ops = [_op_call(kind, variant, x, w, w2, g, xz) for x, w, w2, xz in zip(xs, ws, w2s, xzs, strict=False)]
+                routes = [build(mk) for mk in masks]
+                op_ms = time_graph([partial(op, r) for op, r in zip(ops, routes)])
+                if with_route:
+                    wide_ms = time_graph([(lambda op=op, mk=mk: op(build(mk))) for op, mk in zip(ops, masks)])
                 else:
-                    op = lambda r, v=variant: routed_gemm_k(x, w, r, g, algo=v)
-                route = build(mask)
-                op_ms = time_graph(lambda: op(route))
-                wide_ms = time_graph(lambda: op(build(mask))) if with_route else op_ms
-                active = mask.float().mean().item()
+                    wide_ms = op_ms
                 rows.append(
                     dict(
                         kind=kind,
@@ -130,13 +137,14 @@ def bench_op(
                         variant=variant,
                         route_included=with_route,
                         route_build=build.__name__,
+                        copies=nc,
                         dense_ms=dense_ms,
                         wide_ms=wide_ms,
                         wide_op_ms=op_ms,
                         speedup=dense_ms / wide_ms,
                         speedup_op_only=dense_ms / op_ms,
-                        dense_tflops=flops / dense_ms * 1e-9,
-                        wide_useful_tflops=flops * active / wide_ms * 1e-9,
+                        dense_tflops=flops * m / dense_ms * 1e-9,
+                        wide_useful_tflops=flops * m * active / wide_ms * 1e-9,
                     )
                 )
     return rows
@@ -154,9 +162,9 @@ def bench_reorder(ms_list, gen) -> list[dict]:
         ws = [torch.randn(n, k, device="cuda", dtype=dt) for n, k in dense_w[decision]]
         for m in ms_list:
             mask = _mask(m, ng, 0.5, gen)
-            r_ms = time_graph(lambda: reorder(mask))
+            r_ms = time_graph([lambda: reorder(mask)])
             xs = {k: torch.randn(m, k, device="cuda", dtype=dt) for _, k in dense_w[decision]}
-            dense_ms = time_graph(lambda: [F.linear(xs[w.shape[1]], w) for w in ws])
+            dense_ms = time_graph([lambda: [F.linear(xs[w.shape[1]], w) for w in ws]])
             rows.append(
                 dict(
                     kind="reorder",

@@ -38,10 +38,13 @@ def _md(rows: list[dict], meta: dict) -> str:
         "",
         f"Command: `{meta['command']}`",
         "",
-        "Timing: each variant is captured in a CUDA graph after a warm-up call (autotuning), then "
-        "`triton.testing.do_bench` times graph replays (median, L2 flushed before each replay). Dense = "
+        "Timing (`wide.bench.timing.time_calls`): a CUDA graph of back-to-back calls (~3 ms of work) "
+        "cycling through copies of weights, inputs and masks that together exceed the L2 cache, median "
+        "of 7 replays, per call: an operator as it runs inside a decode step's graph, weights from HBM. "
+        "Each sparsity level is autotuned afresh on its own masks. Dense = "
         "cuBLAS `F.linear` (gate_up: two `F.linear` + `silu*mul`) in the same run, bf16. Masks: i.i.d. "
-        "random per (token, group), fresh per config. Operators are called as `wide.runtime` calls them: "
+        "random per (token, group), one per input copy (active_fraction: their mean). "
+        "Operators are called as `wide.runtime` calls them: "
         "**route building is included** in the WIDE time of Q and gate_up (first operator of each routing "
         "decision: the graph holds `plan_route` + GEMM; `plan_route` runs the reorder only at M > 256, the "
         "small-M and mid-M paths read the mask); O and down reuse that route, time the GEMM alone and get an "

@@ -21,8 +21,28 @@ from wide.kernels.reference import (
 )
 from wide.kernels.reorder import RouteIndex, has_index, plan_route, reorder, reorder_reference, route_mask
 
+
+def clear_autotune_cache() -> None:
+    """Forget the configs the routed GEMMs' autotuners chose: the next call of each shape tunes again.
+
+    Autotuning happens on the first call of a shape, with that call's masks; how many tiles are active
+    changes the best tile shape, so re-tune after routers start producing masks of another density (the
+    kernel benchmark tunes each sparsity level afresh, as a model deployed at that level would be)."""
+    from wide.kernels import gemm_k, gemm_mn, small_m
+
+    try:
+        from triton.runtime.autotuner import Autotuner
+    except ImportError:  # no triton: nothing was tuned
+        return
+    for mod in (gemm_mn, gemm_k, small_m):
+        for obj in vars(mod).values():
+            if isinstance(obj, Autotuner):
+                obj.cache.clear()
+
+
 __all__ = [
     "RouteIndex",
+    "clear_autotune_cache",
     "attention_decode_ref",
     "attention_prefill_ref",
     "decode_num_splits",

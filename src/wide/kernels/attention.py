@@ -27,6 +27,7 @@ import os
 
 import torch
 
+from wide.kernels._triton_utils import ensure_allocator, tma_supported
 from wide.kernels.attention_reference import attention_decode_ref, attention_prefill_ref
 from wide.kernels.reorder import RouteIndex, has_index, reorder_reference
 
@@ -53,6 +54,10 @@ __all__ = [
 
 # Optional launch-config overrides (benchmark sweeps): (BLOCK_M, BLOCK_N, num_warps, num_stages).
 PREFILL_CONFIG_OVERRIDE: tuple[int, int, int, int] | None = None
+# Experimental prefill options (benchmark sweeps): K/V tiles through device-side TMA descriptors, and
+# Triton's warp specialisation of the unmasked K/V loop (needs KV_TMA).
+PREFILL_KV_TMA = False
+PREFILL_WS = False
 DECODE_CONFIG_OVERRIDE: tuple[int, int, int] | None = None  # (BLOCK_N, num_warps, num_stages)
 DECODE_WAVES = 3  # decode programs per SM the split count aims for
 
@@ -90,7 +95,7 @@ if HAS_TRITON:
         s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_ot, s_oh, s_ig,
         HK: tl.constexpr, HPG: tl.constexpr, HEAD_D: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TPT: tl.constexpr,
-        CAUSAL: tl.constexpr, PREC: tl.constexpr,
+        CAUSAL: tl.constexpr, PREC: tl.constexpr, KV_TMA: tl.constexpr, WS: tl.constexpr,
     ):  # fmt: skip
         qk_scale = tl.cast(qk_scale, tl.float32)  # inductor may hand scalars over as fp64
         bg = tl.program_id(0)  # b * HK + g
@@ -134,11 +139,19 @@ if HAS_TRITON:
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_D], tl.float32)
-        for n0 in range(0, full_end, BLOCK_N):  # fully visible tiles: no predicates
-            kn = n0 + offs_n
-            k = tl.load(k_base + kn[:, None] * s_kt)
-            v = tl.load(v_base + kn[:, None] * s_vt)
-            acc, l_i, m_i = _softmax_step(q, k, v, acc, l_i, m_i, qk_scale, None, False, PREC)
+        if KV_TMA:  # device-side descriptors over this sequence's [Tk, Hk * d] K / V rows
+            kd = tl.make_tensor_descriptor(K + b64 * s_kb, [Tk, HK * HEAD_D], [s_kt, 1], [BLOCK_N, HEAD_D])
+            vd = tl.make_tensor_descriptor(V + b64 * s_vb, [Tk, HK * HEAD_D], [s_vt, 1], [BLOCK_N, HEAD_D])
+            for n0 in tl.range(0, full_end, BLOCK_N, warp_specialize=WS):  # fully visible tiles
+                k = kd.load([n0, g * HEAD_D])
+                v = vd.load([n0, g * HEAD_D])
+                acc, l_i, m_i = _softmax_step(q, k, v, acc, l_i, m_i, qk_scale, None, False, PREC)
+        else:
+            for n0 in range(0, full_end, BLOCK_N):  # fully visible tiles: no predicates
+                kn = n0 + offs_n
+                k = tl.load(k_base + kn[:, None] * s_kt)
+                v = tl.load(v_base + kn[:, None] * s_vt)
+                acc, l_i, m_i = _softmax_step(q, k, v, acc, l_i, m_i, qk_scale, None, False, PREC)
         for n0 in range(full_end, hi, BLOCK_N):  # boundary tiles: causal / length predicates
             kn = n0 + offs_n
             kin = (kn < Tk)[:, None]
@@ -273,16 +286,23 @@ def _check_decode(q, k_cache, v_cache, cache_lens, mask) -> None:
         raise ValueError(f"mask must be bool [B,Hk] = {(bsz, k_cache.shape[2])}, got {mask.dtype} {tuple(mask.shape)}")
 
 
-def _prefill_config(hpg: int, d: int, tk: int, interpret: bool) -> tuple[int, int, int, int]:
-    """(BLOCK_M stacked rows, BLOCK_N, num_warps, num_stages)."""
+def _prefill_config(
+    hpg: int, d: int, tk: int, interpret: bool, programs_128: int = 1 << 30
+) -> tuple[int, int, int, int]:
+    """(BLOCK_M stacked rows, BLOCK_N, num_warps, num_stages); ``programs_128``: grid size at BLOCK_M 128."""
     if PREFILL_CONFIG_OVERRIDE is not None:
         bm, bn, w, s = PREFILL_CONFIG_OVERRIDE
     elif interpret:
         bm, bn, w, s = 32, 16, 4, 1
     elif d <= 64:
         bm, bn, w, s = 128, 64, 4, 3
-    elif d == 128:  # H200 sweep: BLOCK_N 128 wins at Tk 16k, 64 at 4k
-        bm, bn, w, s = (128, 128, 8, 3) if tk >= 8192 else (128, 64, 8, 3)
+    elif d == 128:  # H200 sweeps: BLOCK_N 128 wins at Tk 16k, 64 at 4k; small grids want 64-row tiles
+        if tk >= 8192:
+            bm, bn, w, s = 128, 128, 8, 3
+        elif programs_128 <= 2048:  # B 1, T 4096: 1.64x vs 1.58x (decode-variants-h200.json)
+            bm, bn, w, s = 64, 64, 4, 3
+        else:
+            bm, bn, w, s = 128, 64, 8, 3
     else:
         bm, bn, w, s = 64, 32, 4, 2
     return max(bm, _next_pow2(hpg)), bn, w, s
@@ -314,17 +334,21 @@ def _prefill_impl(q, k, v, idx, count, batch_start, batch_count, sm_scale: float
     tk, hk = k.shape[1], k.shape[2]
     hpg = hq // hk
     o = torch.empty_like(q)
-    bm, bn, nw, ns = _prefill_config(hpg, d, tk, not q.is_cuda)
+    programs_128 = bsz * hk * triton.cdiv(tq * hpg, 128)
+    bm, bn, nw, ns = _prefill_config(hpg, d, tk, not q.is_cuda, programs_128)
     tpt = bm // hpg  # token slots per tile
     grid = (bsz * hk, triton.cdiv(tq, tpt))
     prec = "ieee" if q.dtype == torch.float32 else None
+    kv_tma = PREFILL_KV_TMA and q.is_cuda and tma_supported(q.device.index or 0) and k.stride(2) == d == v.stride(2)
+    if kv_tma:
+        ensure_allocator()
     _launch(_prefill_kernel, grid)(
         q, k, v, o, idx, count, batch_start, batch_count,
         sm_scale * _LOG2E, tq, tk,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2), idx.stride(0),
         HK=hk, HPG=hpg, HEAD_D=d, BLOCK_M=bm, BLOCK_N=bn, TPT=tpt, CAUSAL=causal, PREC=prec,
-        num_warps=nw, num_stages=ns,
+        KV_TMA=kv_tma, WS=kv_tma and PREFILL_WS, num_warps=nw, num_stages=ns,
     )  # fmt: skip
     return o
 

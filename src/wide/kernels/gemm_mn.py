@@ -79,6 +79,9 @@ if HAS_TRITON:
         _cfg(128, 256, 64, 3, 8, tma=True),
         _cfg(128, 128, 64, 4, 8, tma=True),
         _cfg(128, 32, 64, 4, 4, tma=True),
+        # H200 sweep (decode-variants-h200.json, M 4096, 50%): the best Q tile; half-height m-tiles
+        # halve the idle rows of each group's last tile and fill the last wave better
+        _cfg(64, 256, 64, 4, 8, tma=True),
     ]
     _SETS = ((16, _SMALL), (256, _MID), (1 << 30, _LARGE))
     _ALL = _SMALL + _MID + _LARGE

@@ -1,0 +1,58 @@
+"""GPU timing shared by the kernel benchmarks.
+
+`time_calls(fns)`: a CUDA graph holding R back-to-back calls (R sized to ~3 ms of work), replayed a
+few times; the median replay divided by R is the time per call. `fns` are equivalent calls on
+rotated copies of the inputs, together larger than the L2 cache, so weights and caches come from HBM
+as in a model where every layer has its own. This is how an operator runs inside a decode step (one
+graph of thousands of kernels), so the fixed cost of launching a graph is not charged to each call.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+
+import torch
+
+L2_BYTES = 256 << 20  # rotate inputs over at least this many bytes (H200 L2: 50 MiB)
+MAX_COPIES = 16
+
+
+def copies_for(bytes_per_call: int) -> int:
+    """How many input copies a call needs so that rotating over them exceeds ``L2_BYTES``."""
+    return int(min(MAX_COPIES, max(1, math.ceil(L2_BYTES / max(1, bytes_per_call)))))
+
+
+def _event_ms(fn: Callable[[], object], n: int = 3) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(n):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / n
+
+
+def time_calls(fns: Sequence[Callable[[], object]], target_ms: float = 3.0, replays: int = 7) -> float:
+    """Median ms per call of CUDA-graph replays of back-to-back calls cycling through ``fns``."""
+    for f in fns:  # warm-up: compile, autotune, allocator
+        f()
+    torch.cuda.synchronize()
+    one = max(_event_ms(fns[0]), 1e-3)
+    reps = int(min(400, max(len(fns), math.ceil(target_ms / one))))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # allocations of the captured calls come from a warm pool
+        for f in fns:
+            f()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(reps):
+            fns[i % len(fns)]()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = [_event_ms(graph.replay, 1) / reps for _ in range(replays)]
+    del graph
+    return statistics.median(times)
