@@ -27,7 +27,6 @@ import os
 
 import torch
 
-from wide.kernels._triton_utils import ensure_allocator, tma_supported
 from wide.kernels.attention_reference import attention_decode_ref, attention_prefill_ref
 from wide.kernels.reorder import RouteIndex, has_index, reorder_reference
 
@@ -54,10 +53,6 @@ __all__ = [
 
 # Optional launch-config overrides (benchmark sweeps): (BLOCK_M, BLOCK_N, num_warps, num_stages).
 PREFILL_CONFIG_OVERRIDE: tuple[int, int, int, int] | None = None
-# Experimental prefill options (benchmark sweeps): K/V tiles through device-side TMA descriptors, and
-# Triton's warp specialisation of the unmasked K/V loop (needs KV_TMA).
-PREFILL_KV_TMA = False
-PREFILL_WS = False
 DECODE_CONFIG_OVERRIDE: tuple[int, int, int] | None = None  # (BLOCK_N, num_warps, num_stages)
 DECODE_WAVES = 3  # decode programs per SM the split count aims for
 
@@ -95,7 +90,7 @@ if HAS_TRITON:
         s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_ot, s_oh, s_ig,
         HK: tl.constexpr, HPG: tl.constexpr, HEAD_D: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TPT: tl.constexpr,
-        CAUSAL: tl.constexpr, PREC: tl.constexpr, KV_TMA: tl.constexpr, WS: tl.constexpr,
+        CAUSAL: tl.constexpr, PREC: tl.constexpr,
     ):  # fmt: skip
         qk_scale = tl.cast(qk_scale, tl.float32)  # inductor may hand scalars over as fp64
         bg = tl.program_id(0)  # b * HK + g
@@ -139,19 +134,11 @@ if HAS_TRITON:
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_D], tl.float32)
-        if KV_TMA:  # device-side descriptors over this sequence's [Tk, Hk * d] K / V rows
-            kd = tl.make_tensor_descriptor(K + b64 * s_kb, [Tk, HK * HEAD_D], [s_kt, 1], [BLOCK_N, HEAD_D])
-            vd = tl.make_tensor_descriptor(V + b64 * s_vb, [Tk, HK * HEAD_D], [s_vt, 1], [BLOCK_N, HEAD_D])
-            for n0 in tl.range(0, full_end, BLOCK_N, warp_specialize=WS):  # fully visible tiles
-                k = kd.load([n0, g * HEAD_D])
-                v = vd.load([n0, g * HEAD_D])
-                acc, l_i, m_i = _softmax_step(q, k, v, acc, l_i, m_i, qk_scale, None, False, PREC)
-        else:
-            for n0 in range(0, full_end, BLOCK_N):  # fully visible tiles: no predicates
-                kn = n0 + offs_n
-                k = tl.load(k_base + kn[:, None] * s_kt)
-                v = tl.load(v_base + kn[:, None] * s_vt)
-                acc, l_i, m_i = _softmax_step(q, k, v, acc, l_i, m_i, qk_scale, None, False, PREC)
+        for n0 in range(0, full_end, BLOCK_N):  # fully visible tiles: no predicates
+            kn = n0 + offs_n
+            k = tl.load(k_base + kn[:, None] * s_kt)
+            v = tl.load(v_base + kn[:, None] * s_vt)
+            acc, l_i, m_i = _softmax_step(q, k, v, acc, l_i, m_i, qk_scale, None, False, PREC)
         for n0 in range(full_end, hi, BLOCK_N):  # boundary tiles: causal / length predicates
             kn = n0 + offs_n
             kin = (kn < Tk)[:, None]
@@ -339,16 +326,13 @@ def _prefill_impl(q, k, v, idx, count, batch_start, batch_count, sm_scale: float
     tpt = bm // hpg  # token slots per tile
     grid = (bsz * hk, triton.cdiv(tq, tpt))
     prec = "ieee" if q.dtype == torch.float32 else None
-    kv_tma = PREFILL_KV_TMA and q.is_cuda and tma_supported(q.device.index or 0) and k.stride(2) == d == v.stride(2)
-    if kv_tma:
-        ensure_allocator()
     _launch(_prefill_kernel, grid)(
         q, k, v, o, idx, count, batch_start, batch_count,
         sm_scale * _LOG2E, tq, tk,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2), idx.stride(0),
         HK=hk, HPG=hpg, HEAD_D=d, BLOCK_M=bm, BLOCK_N=bn, TPT=tpt, CAUSAL=causal, PREC=prec,
-        KV_TMA=kv_tma, WS=kv_tma and PREFILL_WS, num_warps=nw, num_stages=ns,
+        num_warps=nw, num_stages=ns,
     )  # fmt: skip
     return o
 
