@@ -51,6 +51,9 @@ def _profile(fn, reps: int = 3) -> tuple[str, int]:
     return events.table(sort_by=sort, row_limit=25), n_kernels
 
 
+COMPILE = os.environ.get("WIDE_COMPILE", "0") == "1"  # profile the torch.compile'd layer step
+
+
 def main() -> None:
     out = sys.argv[1]
     prompt = int(sys.argv[2]) if len(sys.argv) > 2 else 4096
@@ -63,7 +66,7 @@ def main() -> None:
     step = torch.randint(0, vocab, (1, 1), device=DEV)
     lines = []
     for routed in (False, True):
-        rt = WideRuntime(wm, max_batch=1, max_seq=prompt + 8, routed=routed)
+        rt = WideRuntime(wm, max_batch=1, max_seq=prompt + 8, routed=routed, compile=COMPILE)
 
         def prefill(rt=rt):
             rt.cache.reset()

@@ -241,9 +241,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         from wide.bench.e2e import run_e2e_bench
 
         t = time.time()
-        rows = run_e2e_bench(a.out, quick=a.quick)
-        for r in rows:
-            print({k: round(v, 4) if isinstance(v, float) else v for k, v in r.items() if k != "gpu"})
+        rows = run_e2e_bench(a.out, quick=a.quick, compile=a.compile)
         print(f"{len(rows)} records in {time.time() - t:.0f}s -> {a.out}")
         return 0
     raise SystemExit(f"unknown benchmark {a.what!r}")
@@ -377,6 +375,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("what", choices=["kernels", "e2e"])
     b.add_argument("--out", default="bench/results")
     b.add_argument("--quick", action="store_true")
+    b.add_argument(
+        "--compile", action="store_true", help="e2e: torch.compile the runtime's layer step (dense and WIDE alike)"
+    )
     b.set_defaults(func=cmd_bench)
     return p
 

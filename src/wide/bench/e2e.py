@@ -74,10 +74,19 @@ def _time_ms(fn, reps: int, device: str) -> float:
 
 
 def measure(
-    wm: WideModel, routed: bool, *, batch: int, prompt: int, context: int, device: str, reps: int, graph: bool
+    wm: WideModel,
+    routed: bool,
+    *,
+    batch: int,
+    prompt: int,
+    context: int,
+    device: str,
+    reps: int,
+    graph: bool,
+    compile: bool = False,
 ) -> dict:
     """TTFT of a `prompt`-token prefill and TPOT of one decode step at `context` cached tokens."""
-    rt = WideRuntime(wm, max_batch=batch, max_seq=max(prompt, context) + 8, routed=routed)
+    rt = WideRuntime(wm, max_batch=batch, max_seq=max(prompt, context) + 8, routed=routed, compile=compile)
     vocab = wm.dims.vocab
     ids = torch.randint(0, vocab, (batch, prompt), device=device)
 
@@ -86,6 +95,7 @@ def measure(
         rt.prefill(ids)
 
     prefill()  # warm-up (compile, autotune)
+    prefill()
     ttft = _time_ms(prefill, reps, device)
     rt.cache.reset()
     rt.cache.lens.fill_(context)  # decode against `context` cached tokens (cache contents: random)
@@ -121,6 +131,7 @@ def run_e2e_bench(
     prompt: int = 4096,
     context: int = 4096,
     reps: int = 10,
+    compile: bool = False,
 ) -> list[dict]:
     """Records (dense and WIDE per sparsity and batch) with ttft_ms, tpot_ms and speed-ups over dense."""
     shape = shape or LLAMA_8B
@@ -132,17 +143,19 @@ def run_e2e_bench(
     t0 = time.time()
     for b in batches:
         wm = WideModel(model, WideConfig(ffn_group_size=128))
-        dense = measure(wm, False, batch=b, prompt=prompt, context=context, device=device, reps=reps, graph=True)
+        kw = dict(batch=b, prompt=prompt, context=context, device=device, reps=reps, graph=True, compile=compile)
+        dense = measure(wm, False, **kw)
         rows.append(
             {"kind": "e2e", "variant": "dense", "B": b, "prompt": prompt, "ctx": context, "sparsity": 0.0, **dense}
         )
+        _write(out_dir, rows, compile)
         for s in sparsities:
             routers_at(wm, s, probe)
             wm.start_meter()
             with torch.no_grad():
                 wm(probe)
             real = wm.stop_meter()
-            r = measure(wm, True, batch=b, prompt=prompt, context=context, device=device, reps=reps, graph=True)
+            r = measure(wm, True, **kw)
             rows.append(
                 {
                     "kind": "e2e",
@@ -158,6 +171,7 @@ def run_e2e_bench(
                     "tpot_speedup": dense["tpot_ms"] / r["tpot_ms"],
                 }
             )
+            _write(out_dir, rows, compile)
         wm.detach()
     meta = {
         "device": torch.cuda.get_device_name() if device == "cuda" else device,
@@ -165,13 +179,24 @@ def run_e2e_bench(
         "shape": shape,
         "dtype": str(dtype),
         "wall_s": time.time() - t0,
+        "compiled": compile,
     }
+    _write(out_dir, rows, compile, meta)
+    return rows
+
+
+def _write(out_dir: str | None, rows: list[dict], compiled: bool, meta: dict | None = None) -> None:
+    """Write the rows so far (an interrupted sweep keeps its finished rows)."""
     for r in rows:
-        r["gpu"] = meta["device"]
-    if out_dir:
-        os.makedirs(out_dir, exist_ok=True)
-        with open(os.path.join(out_dir, "e2e-h200.json"), "w") as f:
-            json.dump(rows, f, indent=1)
+        r["compiled"] = compiled
+        r.setdefault("gpu", torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")
+    if rows and meta is None:  # progress: the row just measured
+        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rows[-1].items()}), flush=True)
+    if not out_dir:
+        return
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "e2e-h200.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    if meta is not None:
         with open(os.path.join(out_dir, "e2e-h200.meta.json"), "w") as f:
             json.dump(meta, f, indent=1)
-    return rows

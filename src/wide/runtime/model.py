@@ -14,11 +14,16 @@ K/V projections, norms, RoPE and lm_head stay dense. `routed=False` gives the de
 the same code (cuBLAS linears, SDPA prefill, split-KV decode with every group active). No host
 synchronisation in `prefill` / `decode`: positions and cache lengths live on the device, so the decode
 step can be captured in a CUDA graph (see `wide.runtime.generate`).
+
+Each layer runs through `layer_step`, a function of tensors only; `compile=True` compiles it once with
+`torch.compile` (the routed kernels are custom ops inside the graph) so the norms, RoPE, router heads,
+cache writes and residual adds fuse into a few kernels for every layer, for WIDE and dense alike.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -46,8 +51,48 @@ class StaticCache:
         self.lens.zero_()
 
 
-def _rms(x: torch.Tensor, norm) -> torch.Tensor:
-    return norm(x)  # the HF RMSNorm module (fp32 inside, model dtype out)
+class LayerWeights(NamedTuple):
+    """One decoder layer's tensors, read in place from the Hugging Face model (None: absent)."""
+
+    ln_attn: torch.Tensor  # [D]
+    wq: torch.Tensor  # [Hq*d, D]
+    bq: torch.Tensor | None
+    wk: torch.Tensor  # [Hk*d, D]
+    bk: torch.Tensor | None
+    wv: torch.Tensor
+    bv: torch.Tensor | None
+    wo: torch.Tensor  # [D, Hq*d]
+    bo: torch.Tensor | None
+    q_norm: torch.Tensor | None  # [d] (Qwen3)
+    k_norm: torch.Tensor | None
+    ln_ffn: torch.Tensor  # [D]
+    w_gate: torch.Tensor  # [D', D]
+    w_up: torch.Tensor
+    w_down: torch.Tensor  # [D, D']
+    head_attn: tuple | None  # folded router heads (WideRuntime._router_head); None when dense
+    head_ffn: tuple | None
+
+
+class StepConfig(NamedTuple):
+    """The static (Python) side of a layer step: a compiled step specialises on these values."""
+
+    routed: bool
+    decode: bool
+    n_q: int
+    n_kv: int
+    head_dim: int
+    g_attn: int
+    g_ffn: int
+    eps: float
+    qk_eps: float
+    algo: str
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama RMSNorm (fp32 inside, input dtype out), as the Hugging Face module computes it."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -61,10 +106,106 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return x * c + _rotate_half(x) * s
 
 
+def router_decisions(head: tuple, h: torch.Tensor) -> torch.Tensor:
+    """h: [B, T, D] -> execute mask [B, T, N_G] bool (argmax routing) from a folded router head.
+
+    The D -> r projection runs in h's dtype (cuBLAS accumulates in fp32): an fp32 copy of h would
+    cost more than the projection (fp32 router GEMMs + casts: ~5 ms of a 4,096-token Llama-8B prefill
+    in bench/results/reverted-eec4a8a/profile_e2e.txt). The margin
+    head and the comparison stay fp32, as in training. In fp32 this is the masked path's decision up
+    to rounding of the folded head; in bf16 a decision within rounding of its threshold can differ."""
+    w_down, w_margin, b_margin = head
+    r = F.linear(h, w_down).float()  # [B, T, r]
+    return torch.addmm(b_margin, r.flatten(0, -2), w_margin.t()).view(*h.shape[:-1], -1) <= 0
+
+
+def _attention(
+    x: torch.Tensor, cos, sin, pos, lens, w: LayerWeights, ck: torch.Tensor, cv: torch.Tensor, st: StepConfig
+) -> torch.Tensor:
+    """x: [B, T, D] -> attention block output [B, T, D]; writes this layer's K/V into the cache."""
+    b, t, _ = x.shape
+    h = rms_norm(x, w.ln_attn, st.eps)
+    h2 = h.reshape(b * t, -1)  # [M, D]
+    if st.routed:
+        mask = router_decisions(w.head_attn, h)  # [B, T, Hk]
+        route = K.plan_route(mask)
+        q = K.routed_gemm_mn(h2, w.wq, route, st.g_attn, zero_inactive=False)  # attention ignores inactive heads
+        if w.bq is not None:  # bias only where the group runs (inactive outputs stay 0)
+            q = q + w.bq * mask.reshape(b * t, -1).repeat_interleave(st.g_attn, dim=-1).to(q.dtype)
+    else:
+        mask, route, q = None, None, F.linear(h2, w.wq, w.bq)
+    k = F.linear(h2, w.wk, w.bk).view(b, t, st.n_kv, st.head_dim)
+    v = F.linear(h2, w.wv, w.bv).view(b, t, st.n_kv, st.head_dim)
+    q = q.view(b, t, st.n_q, st.head_dim)
+    if w.q_norm is not None:  # Qwen3
+        q, k = rms_norm(q, w.q_norm, st.qk_eps), rms_norm(k, w.k_norm, st.qk_eps)
+    q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+    bidx = torch.arange(b, device=x.device)[:, None]
+    ck.index_put_((bidx, pos), k)  # ck, cv: [B_max, S, Hk, d]
+    cv.index_put_((bidx, pos), v)
+    if st.decode:
+        m = mask[:, 0] if mask is not None else torch.ones(b, st.n_kv, dtype=torch.bool, device=x.device)
+        o = K.routed_attention_decode(q[:, 0], ck[:b], cv[:b], lens + 1, m).unsqueeze(1)  # [B, 1, Hq, d]
+    elif st.routed:
+        o = K.routed_attention_prefill(q, ck[:b, :t], cv[:b, :t], mask, route=route)
+    else:
+        o = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
+        ).transpose(1, 2)
+    o2 = o.reshape(b * t, -1)  # [M, Hq * d]
+    if st.routed:
+        y = K.routed_gemm_k(o2, w.wo, route, st.g_attn, algo=st.algo, x_zeroed=True)
+    else:
+        y = F.linear(o2, w.wo)
+    if w.bo is not None:
+        y = y + w.bo
+    return y.view(b, t, -1)
+
+
+def _ffn(x: torch.Tensor, w: LayerWeights, st: StepConfig) -> torch.Tensor:
+    b, t, _ = x.shape
+    h2 = rms_norm(x, w.ln_ffn, st.eps).reshape(b * t, -1)
+    if st.routed:
+        route = K.plan_route(router_decisions(w.head_ffn, h2.view(b, t, -1)))
+        a = K.routed_swiglu(h2, w.w_gate, w.w_up, route, st.g_ffn)  # zeros if inactive
+        y = K.routed_gemm_k(a, w.w_down, route, st.g_ffn, algo=st.algo, x_zeroed=True)
+    else:
+        a = F.silu(F.linear(h2, w.w_gate)) * F.linear(h2, w.w_up)
+        y = F.linear(a, w.w_down)
+    return y.view(b, t, -1)
+
+
+def layer_step(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    pos: torch.Tensor,
+    lens: torch.Tensor,
+    w: LayerWeights,
+    ck: torch.Tensor,
+    cv: torch.Tensor,
+    st: StepConfig,
+) -> torch.Tensor:
+    """One decoder layer: x [B, T, D] at positions pos [B, T] (cos/sin [B, T, d]; lens [B]: cached
+    tokens before this step) -> [B, T, D]. Tensors only (plus the static ``st``), so that one compiled
+    step serves every layer."""
+    x = x + _attention(x, cos, sin, pos, lens, w, ck, cv, st)
+    return x + _ffn(x, w, st)
+
+
 class WideRuntime:
     """Prefill / decode over a static cache; routed through the kernels (or dense with routed=False)."""
 
-    def __init__(self, wm: WideModel, *, max_batch: int, max_seq: int, routed: bool = True, gemm_k_algo: str = "auto"):
+    def __init__(
+        self,
+        wm: WideModel,
+        *,
+        max_batch: int,
+        max_seq: int,
+        routed: bool = True,
+        gemm_k_algo: str = "auto",
+        compile: bool = False,
+    ):
         self.wm, self.hf = wm, wm.model
         self.layers = decoder_layers(self.hf)
         d, s = wm.dims, wm.shape
@@ -79,7 +220,42 @@ class WideRuntime:
         p = next(self.hf.parameters())
         # per layer: the attention and FFN routers folded for inference (see _router_head)
         self.heads = [(self._router_head(r.attn, p.dtype), self._router_head(r.ffn, p.dtype)) for r in wm.routers]
+        self.weights = [self._layer_weights(i, layer) for i, layer in enumerate(self.layers)]
         self.cache = StaticCache.empty(d.n_layers, max_batch, max_seq, d.n_kv_heads, d.head_dim, p.dtype, p.device)
+        self.step = layer_step
+        if compile:  # one compiled layer step (per static config) serves every layer
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            self.step = torch.compile(layer_step, dynamic=None)
+
+    def _layer_weights(self, i: int, layer) -> LayerWeights:
+        at, mlp = layer.self_attn, layer.mlp
+        qn = getattr(at, "q_norm", None)
+        kn = getattr(at, "k_norm", None)
+        return LayerWeights(
+            layer.input_layernorm.weight,
+            at.q_proj.weight, at.q_proj.bias, at.k_proj.weight, at.k_proj.bias,
+            at.v_proj.weight, at.v_proj.bias, at.o_proj.weight, at.o_proj.bias,
+            None if qn is None else qn.weight, None if kn is None else kn.weight,
+            layer.post_attention_layernorm.weight,
+            mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight,
+            self.heads[i][0] if self.routed else None, self.heads[i][1] if self.routed else None,
+        )  # fmt: skip
+
+    def _step_config(self, decode: bool) -> StepConfig:
+        d, layer = self.wm.dims, self.layers[0]
+        qn = getattr(layer.self_attn, "q_norm", None)
+        return StepConfig(
+            routed=self.routed,
+            decode=decode,
+            n_q=d.n_q_heads,
+            n_kv=d.n_kv_heads,
+            head_dim=d.head_dim,
+            g_attn=self.g_attn,
+            g_ffn=self.g_ffn,
+            eps=float(layer.input_layernorm.variance_epsilon),
+            qk_eps=float(qn.variance_epsilon) if qn is not None else 0.0,
+            algo=self.algo,
+        )
 
     # ------------------------------------------------------------------ pieces
     @staticmethod
@@ -94,87 +270,17 @@ class WideRuntime:
         return router.down.weight.detach().to(dtype).contiguous(), w_margin, b_margin
 
     def _decisions(self, head: tuple[torch.Tensor, torch.Tensor, torch.Tensor], h: torch.Tensor) -> torch.Tensor:
-        """h: [B, T, D] -> execute mask [B, T, N_G] bool (argmax routing).
-
-        The D -> r projection runs in h's dtype (cuBLAS accumulates in fp32): an fp32 copy of h would
-        cost more than the projection (fp32 router GEMMs + casts: ~5 ms of a 4,096-token Llama-8B prefill
-        in bench/results/reverted-eec4a8a/profile_e2e.txt). The margin
-        head and the comparison stay fp32, as in training. In fp32 this is the masked path's decision up
-        to rounding of the folded head; in bf16 a decision within rounding of its threshold can differ."""
-        w_down, w_margin, b_margin = head
-        r = F.linear(h, w_down).float()  # [B, T, r]
-        return torch.addmm(b_margin, r.flatten(0, -2), w_margin.t()).view(*h.shape[:-1], -1) <= 0
-
-    def _linear_routed_n(self, x2: torch.Tensor, w: torch.Tensor, route, g: int, bias, mask2) -> torch.Tensor:
-        y = K.routed_gemm_mn(x2, w, route, g, zero_inactive=False)  # attention ignores inactive heads
-        if bias is not None:  # bias only where the group runs (inactive outputs stay 0)
-            y = y + bias * mask2.repeat_interleave(g, dim=-1).to(y.dtype)
-        return y
-
-    def _attention(self, i: int, layer, x: torch.Tensor, pos: torch.Tensor, decode: bool) -> torch.Tensor:
-        """x: [B, T, D] -> attention block output [B, T, D]; writes this layer's K/V into the cache."""
-        at, d = layer.self_attn, self.wm.dims
-        b, t, _ = x.shape
-        h = _rms(x, layer.input_layernorm)
-        h2 = h.reshape(b * t, -1)  # [M, D]
-        if self.routed:
-            mask = self._decisions(self.heads[i][0], h)  # [B, T, Hk]
-            route = K.plan_route(mask)
-            q = self._linear_routed_n(h2, at.q_proj.weight, route, self.g_attn, at.q_proj.bias, mask.reshape(b * t, -1))
-        else:
-            mask, route, q = None, None, F.linear(h2, at.q_proj.weight, at.q_proj.bias)
-        k = F.linear(h2, at.k_proj.weight, at.k_proj.bias)
-        v = F.linear(h2, at.v_proj.weight, at.v_proj.bias)
-        q = q.view(b, t, d.n_q_heads, d.head_dim)
-        k = k.view(b, t, d.n_kv_heads, d.head_dim)
-        v = v.view(b, t, d.n_kv_heads, d.head_dim)
-        if hasattr(at, "q_norm"):  # Qwen3
-            q, k = at.q_norm(q), at.k_norm(k)
-        cos, sin = self.hf.model.rotary_emb(v, pos)  # [B, T, d]
-        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-        ck, cv = self.cache.k[i], self.cache.v[i]  # [B, S, Hk, d]
-        bidx = torch.arange(b, device=x.device)[:, None]
-        ck[bidx, pos] = k
-        cv[bidx, pos] = v
-        if decode:
-            lens = self.cache.lens[:b] + 1
-            m = mask[:, 0] if mask is not None else torch.ones(b, d.n_kv_heads, dtype=torch.bool, device=x.device)
-            o = K.routed_attention_decode(q[:, 0], ck[:b], cv[:b], lens, m).unsqueeze(1)  # [B, 1, Hq, d]
-        elif self.routed:
-            o = K.routed_attention_prefill(q, ck[:b, :t], cv[:b, :t], mask, route=route)
-        else:
-            o = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
-            ).transpose(1, 2)
-        o2 = o.reshape(b * t, -1)  # [M, Hq * d]
-        if self.routed:
-            y = K.routed_gemm_k(o2, at.o_proj.weight, route, self.g_attn, algo=self.algo, x_zeroed=True)
-        else:
-            y = F.linear(o2, at.o_proj.weight)
-        if at.o_proj.bias is not None:
-            y = y + at.o_proj.bias
-        return y.view(b, t, -1)
-
-    def _ffn(self, i: int, layer, x: torch.Tensor) -> torch.Tensor:
-        mlp = layer.mlp
-        b, t, _ = x.shape
-        h = _rms(x, layer.post_attention_layernorm)
-        h2 = h.reshape(b * t, -1)
-        if self.routed:
-            route = K.plan_route(self._decisions(self.heads[i][1], h))
-            a = K.routed_swiglu(h2, mlp.gate_proj.weight, mlp.up_proj.weight, route, self.g_ffn)  # zeros if inactive
-            y = K.routed_gemm_k(a, mlp.down_proj.weight, route, self.g_ffn, algo=self.algo, x_zeroed=True)
-        else:
-            a = F.silu(F.linear(h2, mlp.gate_proj.weight)) * F.linear(h2, mlp.up_proj.weight)
-            y = F.linear(a, mlp.down_proj.weight)
-        return y.view(b, t, -1)
+        """h: [B, T, D] -> execute mask [B, T, N_G] bool (see ``router_decisions``)."""
+        return router_decisions(head, h)
 
     def _forward(self, ids: torch.Tensor, pos: torch.Tensor, decode: bool) -> torch.Tensor:
         """ids: [B, T], pos: [B, T] absolute positions -> logits of the last position [B, V]."""
         x = self.hf.model.embed_tokens(ids)  # [B, T, D]
-        for i, layer in enumerate(self.layers):
-            x = x + self._attention(i, layer, x, pos, decode)
-            x = x + self._ffn(i, layer, x)
+        cos, sin = self.hf.model.rotary_emb(x, pos)  # [B, T, d], once for every layer
+        st = self._step_config(decode)
+        lens = self.cache.lens[: ids.shape[0]]
+        for i, w in enumerate(self.weights):
+            x = self.step(x, cos, sin, pos, lens, w, self.cache.k[i], self.cache.v[i], st)
         x = self.hf.model.norm(x[:, -1])
         return self.hf.lm_head(x).float()
 
