@@ -5,6 +5,7 @@
 # prefill / decode. Each step has its own time limit (0 skips it) so that a slow step cannot take the
 # others' results with it.
 # Usage (repo root): BENCH_S=150 TEST_S=180 E2E_S=60 PROFILE_S=90 bash scripts/device_kernels.sh OUT
+#   E2E_ARGS (default --quick) go to `wide bench e2e`, e.g. "--compile"; WIDE_COMPILE=1 profiles the compiled step.
 #   BENCH_FULL=0 runs the quick sweep; VARIANTS_S=200 first runs scripts/decode_variants.py (decode
 #   kernel configs, each error-checked, then timed). The tests run every (non-slow) test of the kernel
 #   and runtime files on the GPU with WIDE_AUTOTUNE_MAX=1 (one config per kernel: compile time
@@ -34,8 +35,8 @@ if [ "$TEST_S" -gt 0 ]; then
   grep -E "^FAILED|^ERROR" "$OUT/gpu_tests.log" | head -20
 fi
 if [ "$E2E_S" -gt 0 ]; then
-  timeout "$E2E_S" python3 -m wide.cli bench e2e --quick --out "$OUT/e2e" > "$OUT/e2e.log" 2>&1
-  echo "e2e rc=$? $(since)"; grep "'kind'" "$OUT/e2e.log" | tail -4
+  timeout "$E2E_S" python3 -m wide.cli bench e2e ${E2E_ARGS:---quick} --out "$OUT/e2e" > "$OUT/e2e.log" 2>&1
+  echo "e2e rc=$? $(since)"; grep "^{" "$OUT/e2e.log" | cut -c1-330
 fi
 if [ "$PROFILE_S" -gt 0 ]; then
   timeout "$PROFILE_S" python3 scripts/profile_e2e.py "$OUT" > "$OUT/profile.log" 2>&1
