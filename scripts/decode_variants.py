@@ -7,7 +7,7 @@ copies in one CUDA graph). Also sweeps the sorted GEMM-MN tile configs at M = 40
 routed prefill attention launch configs ('prefill'). Writes OUT/decode_variants.json (one record per
 variant) and a short markdown table.
 Usage: python3 scripts/decode_variants.py OUT_DIR [PARTS]   (PARTS: comma list of
-gemm1,gemm4,attn,large,prefill; default gemm1,gemm4,attn)
+gemm1,gemm4,attn,large,prefill,down32; default gemm1,gemm4,attn)
 """
 
 from __future__ import annotations
@@ -41,10 +41,17 @@ MN_CFGS = {
 K_CFGS = {
     "o": [cfg(bn, bk, s, st) for bn, bk, st in ((32, 128, 4), (64, 128, 4), (64, 64, 5), (32, 256, 3)) for s in (4, 8)],
     "down": [cfg(bn, bk, s, st) for bn, bk, st in ((32, 128, 4), (64, 128, 4), (64, 64, 5)) for s in (8, 16, 32)],
+    "down32": [cfg(bn, 32, s, st) for bn, st in ((64, 5), (64, 8), (32, 6)) for s in (4, 8, 16)],
 }
 
 
-SHAPES = {"q": (4096, 4096, 512), "gate_up": (14336, 4096, 128), "o": (4096, 4096, 512), "down": (4096, 14336, 128)}
+SHAPES = {
+    "q": (4096, 4096, 512),
+    "gate_up": (14336, 4096, 128),
+    "o": (4096, 4096, 512),
+    "down": (4096, 14336, 128),
+    "down32": (4096, 14336, 32),  # part 'down32' only
+}
 
 
 def err_ok(out, ref32, low) -> tuple[bool, float, float]:
@@ -53,19 +60,21 @@ def err_ok(out, ref32, low) -> tuple[bool, float, float]:
     return e <= 2 * b + 1e-5 * max(1.0, ref32.abs().max().item()), e, b
 
 
-def gemm_variants(recs: list, m: int) -> None:
+def gemm_variants(recs: list, m: int, ops: tuple[str, ...] = ("q", "gate_up", "o", "down")) -> None:
     gen = torch.Generator(device="cuda").manual_seed(m)
     for op, (n, k, g) in SHAPES.items():
+        if op not in ops:
+            continue
         nc = copies_for(n * k * 2 * (2 if op == "gate_up" else 1))
         w = [torch.randn(n, k, device="cuda", generator=gen) / k**0.5 for _ in range(nc)]
         w2 = [torch.randn(n, k, device="cuda", generator=gen) / k**0.5 if op == "gate_up" else None for _ in range(nc)]
         x = [torch.randn(m, k, device="cuda", generator=gen) for _ in range(nc)]
-        ng = (k if op in ("o", "down") else n) // g
+        ng = (k if op in ("o", "down", "down32") else n) // g
         mask = [torch.rand(m, ng, device="cuda", generator=gen) < 0.5 for _ in range(nc)]
         r = plan_route(mask[0])
         xb, wb = [t.bfloat16() for t in x], [t.bfloat16() for t in w]
         w2b = [t.bfloat16() if t is not None else None for t in w2]
-        if op in ("o", "down"):
+        if op in ("o", "down", "down32"):
             xz = [a * mk.repeat_interleave(g, 1) for a, mk in zip(xb, mask, strict=True)]
             ref, low = routed_gemm_k_ref(x[0], w[0], r, g), routed_gemm_k_ref(xb[0], wb[0], r, g)
             dense = time_graph([partial(F.linear, a, b) for a, b in zip(xz, wb, strict=True)])
@@ -262,6 +271,8 @@ def main(out_dir: str) -> None:
             gemm_variants(recs, m)
     if "attn" in parts:
         attn_variants(recs)
+    if "down32" in parts:
+        gemm_variants(recs, 1, ("down32",))
     if "large" in parts:
         large_mn_variants(recs)
     if "prefill" in parts:

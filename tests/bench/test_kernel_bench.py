@@ -20,6 +20,7 @@ def test_bench_op_records_every_regime_and_variant(monkeypatch):
         return 1.0
 
     monkeypatch.setattr(gb, "time_graph", fake_time)
+    monkeypatch.setattr(gb, "time_variants", lambda lists: [fake_time(fns) for fns in lists])
     monkeypatch.setattr(gb, "copies_for", lambda nbytes: 2)  # rotation is exercised, interpreter time kept low
     gen = torch.Generator().manual_seed(0)
     rows = []

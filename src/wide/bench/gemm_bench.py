@@ -3,8 +3,9 @@
 
 Timing (``wide.bench.timing.time_calls``, as the attention bench): a CUDA graph of back-to-back calls
 cycling through copies of the weights, inputs and masks that together exceed the L2 cache (weights
-come from HBM, as in a model whose layers each have their own); median per call. Each sparsity level
-is autotuned afresh on its own masks (``clear_autotune_cache``), as a model deployed at that level is.
+come from HBM, as in a model whose layers each have their own); median per call. The dense baseline is
+re-timed with every WIDE variant, the replays of the two interleaved. Each sparsity level is autotuned
+afresh on its own masks (``clear_autotune_cache``), as a model deployed at that level is.
 
 The WIDE operators are called as ``wide.runtime`` calls them: for Q and fused gate+up (the first
 operators of their decision) the timing includes ``plan_route(mask)`` — the reorder when M > 256,
@@ -23,7 +24,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from wide.bench.timing import copies_for, time_calls
+from wide.bench.timing import copies_for, time_calls, time_together
 from wide.kernels import clear_autotune_cache
 from wide.kernels.gemm_k import routed_gemm_k
 from wide.kernels.gemm_mn import routed_gemm_mn, routed_swiglu
@@ -49,6 +50,11 @@ OPS = [
 def time_graph(fns: Sequence[Callable[[], object]]) -> float:
     """Median ms per call: back-to-back calls on rotated input copies in one CUDA graph (see timing)."""
     return time_calls(fns)
+
+
+def time_variants(fn_lists: Sequence[Sequence[Callable[[], object]]]) -> list[float]:
+    """``time_graph`` of each list, replays interleaved (dense and WIDE see the same clock drift)."""
+    return time_together(fn_lists)
 
 
 def _mask(m: int, ng: int, sparsity: float, gen: torch.Generator | None, device: str = "cuda") -> torch.Tensor:
@@ -94,8 +100,8 @@ def _dense_call(kind: str, x, w, w2) -> Callable:
 def bench_op(
     name, kind, n, k, g, with_route, ms_list, sparsities, gen, extra_variants=False, device="cuda", dtype=torch.bfloat16
 ) -> list[dict]:
-    """Dense vs WIDE for one operator over M and sparsity (dense timed once per M). ``device``/``dtype``
-    exist for CPU smoke tests of this code (with ``time_graph`` replaced)."""
+    """Dense vs WIDE for one operator over M and sparsity (dense re-timed with every variant, replays
+    interleaved). ``device``/``dtype`` exist for CPU smoke tests of this code (timing replaced)."""
     rows = []
     dt = dtype
     swiglu = kind == "gemm_mn_swiglu"
@@ -108,7 +114,7 @@ def bench_op(
     for m in ms_list:
         nc = copies_for(w_bytes + m * k * dt.itemsize)
         xs = [torch.randn(m, k, device=device, dtype=dt) for _ in range(nc)]
-        dense_ms = time_graph([_dense_call(kind, x, w, w2) for x, w, w2 in zip(xs, ws, w2s, strict=False)])
+        dense_fns = [_dense_call(kind, x, w, w2) for x, w, w2 in zip(xs, ws, w2s, strict=False)]
         for sp in sparsities:
             clear_autotune_cache()  # tune this sparsity level on its own masks
             masks = [_mask(m, ng, sp, gen, device) for _ in range(nc)]
@@ -119,11 +125,11 @@ def bench_op(
                 build = reorder if variant in ("sorted", "stationary", "atomic") else plan_route
                 ops = [_op_call(kind, variant, x, w, w2, g, xz) for x, w, w2, xz in zip(xs, ws, w2s, xzs, strict=False)]
                 routes = [build(mk) for mk in masks]
-                op_ms = time_graph([partial(op, r) for op, r in zip(ops, routes)])
+                timed = [dense_fns, [partial(op, r) for op, r in zip(ops, routes)]]
                 if with_route:
-                    wide_ms = time_graph([(lambda op=op, mk=mk: op(build(mk))) for op, mk in zip(ops, masks)])
-                else:
-                    wide_ms = op_ms
+                    timed.append([(lambda op=op, mk=mk: op(build(mk))) for op, mk in zip(ops, masks)])
+                dense_ms, op_ms, *rest = time_variants(timed)
+                wide_ms = rest[0] if with_route else op_ms
                 rows.append(
                     dict(
                         kind=kind,

@@ -34,8 +34,8 @@ def _event_ms(fn: Callable[[], object], n: int = 3) -> float:
     return start.elapsed_time(end) / n
 
 
-def time_calls(fns: Sequence[Callable[[], object]], target_ms: float = 3.0, replays: int = 7) -> float:
-    """Median ms per call of CUDA-graph replays of back-to-back calls cycling through ``fns``."""
+def capture_calls(fns: Sequence[Callable[[], object]], target_ms: float = 3.0) -> tuple[torch.cuda.CUDAGraph, int]:
+    """A CUDA graph of R back-to-back calls cycling through ``fns`` (R sized to ~target_ms), and R."""
     for f in fns:  # warm-up: compile, autotune, allocator
         f()
     torch.cuda.synchronize()
@@ -53,6 +53,30 @@ def time_calls(fns: Sequence[Callable[[], object]], target_ms: float = 3.0, repl
             fns[i % len(fns)]()
     graph.replay()
     torch.cuda.synchronize()
-    times = [_event_ms(graph.replay, 1) / reps for _ in range(replays)]
-    del graph
-    return statistics.median(times)
+    return graph, reps
+
+
+def time_interleaved(captured: Sequence[tuple[torch.cuda.CUDAGraph, int]], replays: int = 9) -> list[float]:
+    """Median ms per call of each captured graph, replayed in turn (A B C A B C ...) so that a slow
+    drift of the GPU's clocks reaches every variant alike."""
+    samples: list[list[float]] = [[] for _ in captured]
+    for _ in range(replays):
+        for i, (graph, reps) in enumerate(captured):
+            samples[i].append(_event_ms(graph.replay, 1) / reps)
+    return [statistics.median(s) for s in samples]
+
+
+def time_calls(fns: Sequence[Callable[[], object]], target_ms: float = 3.0, replays: int = 7) -> float:
+    """Median ms per call of CUDA-graph replays of back-to-back calls cycling through ``fns``."""
+    captured = capture_calls(fns, target_ms)
+    ms = time_interleaved([captured], replays)[0]
+    del captured
+    return ms
+
+
+def time_together(fn_lists: Sequence[Sequence[Callable[[], object]]], target_ms: float = 3.0) -> list[float]:
+    """``time_calls`` of several variants (e.g. dense and WIDE), their replays interleaved."""
+    captured = [capture_calls(fns, target_ms) for fns in fn_lists]
+    ms = time_interleaved(captured)
+    del captured
+    return ms
