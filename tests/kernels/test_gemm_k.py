@@ -79,7 +79,7 @@ def test_choose_algo_regimes():
     from wide.kernels.gemm_k import choose_algo
 
     assert choose_algo(1, 128, False) == "small" and choose_algo(4, 512, True) == "small"
-    assert choose_algo(1, 32, False) == "masked_dense"  # narrow groups: dense path at decode
+    assert choose_algo(1, 32, False) == "small" and choose_algo(4, 32, False) == "masked_dense"  # narrow groups
     assert choose_algo(16, 128, False) == "masked_dense" and choose_algo(4096, 128, True) == "masked_dense"
 
 

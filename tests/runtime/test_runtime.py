@@ -105,6 +105,7 @@ def test_compiled_layer_step_equals_eager(routed):
     import torch._dynamo
 
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     model, wm = _routed("qwen3", seed=3)
     ids = torch.randint(0, 101, (2, 6))
     eager = WideRuntime(wm, max_batch=2, max_seq=16, routed=routed)

@@ -2,8 +2,8 @@
 
 ``algo='auto'`` (``choose_algo``):
 
-* M <= SMALL_M_K and G >= 64: ``small`` (``small_m.small_gemm_k``) — reads the mask, skips the weight columns of
-  groups no token runs (M = 1, 50%: half the weight bytes), fixed-order split-K reduction.
+* M <= SMALL_M_K and G >= 64 (G 32: M = 1): ``small`` (``small_m.small_gemm_k``) — reads the mask,
+  skips the weight columns of groups no token runs (M = 1, 50%: half the weight bytes), fixed-order split-K reduction.
 * larger M: ``masked_dense`` (``dense_mid``) — zero the inactive K groups of x, then cuBLAS; with
   ``x_zeroed`` (the producer, routed SwiGLU or routed attention, already wrote those zeros) it is a
   plain cuBLAS GEMM. No routing saving: with i.i.d. per-token masks every (m-tile, group) pair has
@@ -241,7 +241,9 @@ def choose_algo(m: int, group_size: int, deterministic: bool) -> str:
     Measured on the H200 (Triton 3.6) the Triton large-M schedules lost to cuBLAS (stationary
     0.09-0.43x, atomic 0.55x at O / M 4096 / 50%); they stay available through ``algo``.
     """
-    if m <= SMALL_M_K and group_size >= 64:  # G 32: 32-column weight tiles, 0.71x of cuBLAS at M 1 (H200)
+    # G 32 (32-column weight tiles): only at M = 1, where the active-group loop ran at 1.16x of cuBLAS
+    # (decode-variants-down32-h200.json); with more tokens the union of their groups leaves little to skip
+    if m <= SMALL_M_K and (group_size >= 64 or m == 1):
         return "small"
     if not deterministic and m >= ATOMIC_MIN_M and group_size >= ATOMIC_MIN_GROUP:
         return "atomic"

@@ -245,6 +245,10 @@ if HAS_TRITON:
             _mn_cfg(32, 128, 4, splits=8),
             _mn_cfg(64, 128, 4, splits=4),
             _mn_cfg(32, 256, 3, splits=4),
+            # G 32 (decode-variants-down32-h200.json: 64 x 32, 8 splits, 8 stages fastest at M 1)
+            _mn_cfg(64, 32, 8, splits=8),
+            _mn_cfg(64, 32, 5, splits=16),
+            _mn_cfg(32, 32, 6, splits=8),
         ],
         key=["M", "N", "K", "G"],
         prune_configs_by={"early_config_prune": _prune_k},
