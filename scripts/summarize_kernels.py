@@ -51,12 +51,12 @@ def gemm_tables(rows: list[dict]) -> list[str]:
 
 
 def decode_bandwidth(rows: list[dict]) -> list[str]:
-    """M = 1, 50%: weight bytes per second beyond the harness's fixed cost (one trivial kernel per graph,
+    """M = 1, 50%: weight bytes per second beyond the harness's fixed cost (a trivial kernel per call,
     measured by scripts/decode_variants.py): dense = N·K·2 bytes; WIDE = the active fraction of them."""
     floor_ms = json.loads((RES / "decode-variants-h200.json").read_text())["records"][0]["wide_ms"]
     out = [
-        f"Decode (M = 1, 50%) bandwidth: weight bytes / (time − {1e3 * floor_ms:.1f} µs, the cost of a graph holding "
-        "one trivial kernel in this harness, `decode-variants-h200.json`)",
+        f"Decode (M = 1, 50%) bandwidth: weight bytes / (time − {1e3 * floor_ms:.1f} µs, the cost per call of a "
+        "trivial kernel in this harness, `decode-variants-h200.json`)",
         "",
         "| op (G) | active fraction | dense TB/s | WIDE useful TB/s | speed-up |",
         "|---|---|---|---|---|",
@@ -132,26 +132,44 @@ def targets(rows: list[dict]) -> list[str]:
     return [*lines, ""]
 
 
-def e2e_table() -> list[str]:
-    path = RES / "e2e-h200.json"
+def e2e_table(name: str = "e2e-h200.json", how: str = "torch.compile'd layer step") -> list[str]:
+    path = RES / name
     if not path.is_file():
         return []
     rows = json.loads(path.read_text())
     out = [
-        "End to end (`wide bench e2e --quick`: Llama-3.1-8B shapes, random weights, B 1, 4,096-token prompt, "
-        "decode at 4,096 cached tokens, CUDA-graph decode; dense = the same runtime with cuBLAS / SDPA)",
+        f"End to end (`{name}`, {how}: Llama-3.1-8B shapes, random weights, 4,096-token prompt, decode at "
+        "4,096 cached tokens, CUDA-graph decode; dense = the same runtime with cuBLAS / SDPA)",
         "",
-        "| model | real attn / FFN sparsity | TTFT ms | TPOT ms | TTFT speed-up | TPOT speed-up |",
-        "|---|---|---|---|---|---|",
+        "| B | model | real attn / FFN sparsity | TTFT ms | TPOT ms | TTFT speed-up | TPOT speed-up |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         name = "dense" if r["variant"] == "dense" else f"WIDE {r['sparsity']:.0%}"
         real = "–" if r["variant"] == "dense" else f"{r['real_attn_sparsity']:.1%} / {r['real_ffn_sparsity']:.1%}"
         out.append(
-            f"| {name} | {real} | {r['ttft_ms']:.1f} | {r['tpot_ms']:.2f} | {_cell(r, 'ttft_speedup')} | "
+            f"| {r['B']} | {name} | {real} | {r['ttft_ms']:.1f} | {r['tpot_ms']:.2f} | {_cell(r, 'ttft_speedup')} | "
             f"{_cell(r, 'tpot_speedup')} |"
         )
     return [*out, ""]
+
+
+def spot_note() -> list[str]:
+    """The mid-M spot check run after the sweep (fused SwiGLU epilogue rewritten), if present."""
+    path = RES / "spot-dense-mid-h200.json"
+    if not path.is_file():
+        return []
+    recs = json.loads(path.read_text())["records"]
+    sp = [r["speedup"] for r in recs]
+    ok = sum(r["err_ok"] for r in recs)
+    return [
+        "After this sweep the mid-M fused SwiGLU epilogue (cuBLAS + one masked `silu*mul` pass) was rewritten "
+        "(the sweep's one record below 0.95× at M ∈ [16, 256] is gate_up G 32, M 256, 50%: its old epilogue "
+        f"divided 64-bit indices per element). Spot check, commit 2d99f37, `python3 scripts/spot_dense_mid.py $OUT`: "
+        f"gate_up at M 64 / 256, G 32 / 128, 0% / 50%: {min(sp):.2f}–{max(sp):.2f}× of cuBLAS + PyTorch, bf16 error "
+        f"within 2× of PyTorch's in {ok}/{len(recs)} (`spot-dense-mid-h200.json`).",
+        "",
+    ]
 
 
 def main() -> None:
@@ -168,11 +186,15 @@ def main() -> None:
         *gemm_tables(_auto(rows)),
         *decode_bandwidth(_auto(rows)),
         *attention_table(rows),
+        *spot_note(),
         *e2e_table(),
-        "Command (one H200 call): "
-        "`VARIANTS_S=0 BENCH_S=300 TEST_S=170 E2E_S=60 PROFILE_S=0 bash scripts/device_kernels.sh $OUT` "
-        f"(kernels: `{meta['command']}`; e2e: `wide bench e2e --quick`); "
-        "tables: `python scripts/summarize_kernels.py`.",
+        *e2e_table("e2e-eager-h200.json", "eager layer step, `--quick`, commit ddf6f57"),
+        "Commands (H200 calls): kernels at commit 6729301, "
+        "`WIDE_COMPILE=1 VARIANTS_S=0 BENCH_S=420 TEST_S=0 E2E_S=0 PROFILE_S=90 bash scripts/device_kernels.sh $OUT` "
+        f"(step `{meta['command']}`; the profile: `profile-e2e-h200.txt`); e2e at commit 5a231ce, "
+        "`VARIANTS_S=0 BENCH_S=0 TEST_S=200 E2E_S=330 PROFILE_S=0 E2E_ARGS=--compile bash scripts/device_kernels.sh "
+        "$OUT` (step `wide bench e2e --compile`; its GPU tests: `gpu-tests-h200.log`); eager e2e: "
+        "`wide bench e2e --quick`. Tables: `python scripts/summarize_kernels.py`.",
     ]
     (RES / "kernels-h200.summary.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
