@@ -54,6 +54,16 @@ SHAPES = {
 }
 
 
+def _time_vs_sdpa(rec: dict, fns: list, sdpa_ms: float) -> None:
+    rec["wide_ms"] = AB.time_graph(fns)
+    rec["speedup_vs_sdpa_default"] = sdpa_ms / rec["wide_ms"]
+
+
+def _keep(recs: list, rec: dict) -> None:
+    recs.append(rec)
+    print(json.dumps(rec), flush=True)
+
+
 def err_ok(out, ref32, low) -> tuple[bool, float, float]:
     e = (out.float() - ref32).abs().max().item()
     b = (low.float() - ref32).abs().max().item()
@@ -206,13 +216,11 @@ def prefill_variants(recs: list) -> None:
                     ref = A.attention_prefill_ref(qs[0][:, -256:].float(), ks[0].float(), vs[0].float(),
                                                   masks[0][:, -256:], 1 / d**0.5, True)  # fmt: skip
                     rec["max_err_last256"] = (out[:, -256:] - ref).abs().max().item()
-                    rec["wide_ms"] = AB.time_graph(fns)
-                    rec["speedup_vs_sdpa_default"] = sdpa_ms / rec["wide_ms"]
+                    _time_vs_sdpa(rec, fns, sdpa_ms)
                 except Exception as exc:  # noqa: BLE001
                     rec["error"] = repr(exc)[:300]
                 A.PREFILL_CONFIG_OVERRIDE = None
-                recs.append(rec)
-                print(json.dumps(rec), flush=True)
+                _keep(recs, rec)
 
 
 def attn_variants(recs: list) -> None:
@@ -245,13 +253,11 @@ def attn_variants(recs: list) -> None:
                         partial(A.routed_attention_decode, q, k, v, lens, mk, num_splits=ns)
                         for q, k, v, mk in zip(qs, ks, vs, masks, strict=True)
                     ]
-                    rec["wide_ms"] = AB.time_graph(fns)
-                    rec["speedup_vs_sdpa_default"] = sdpa_ms / rec["wide_ms"]
+                    _time_vs_sdpa(rec, fns, sdpa_ms)
                 except Exception as exc:  # noqa: BLE001
                     rec["error"] = repr(exc)[:300]
                 A.DECODE_CONFIG_OVERRIDE = None
-                recs.append(rec)
-                print(json.dumps(rec), flush=True)
+                _keep(recs, rec)
 
 
 def floor(recs: list) -> None:
