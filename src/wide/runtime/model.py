@@ -194,7 +194,11 @@ def layer_step(
 
 
 class WideRuntime:
-    """Prefill / decode over a static cache; routed through the kernels (or dense with routed=False)."""
+    """Prefill / decode over a static cache; routed through the kernels (or dense with routed=False).
+
+    The weight tensors and folded router heads are taken when the runtime is built: build it after
+    calibration, threshold fits and LoRA merges. ``compile=True``: the layer step runs through
+    ``torch.compile`` (first calls compile; raises dynamo's recompile limit to 64 for the process)."""
 
     def __init__(
         self,
