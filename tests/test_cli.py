@@ -224,3 +224,25 @@ def test_finetune_then_eval_merges_lora(tiny_dir, text_file, tmp_path):
         tmp_path / "e",
     )
     assert rc == 0
+
+
+def test_generate_dense_equals_hf_and_routed_reports_sparsity(tiny_dir, text_file, tmp_path, capsys):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    prompt = "The number 7 follows"
+    assert cli("generate", "--model", tiny_dir, "--prompt", prompt, "--max-new-tokens", 6) == 0
+    text, stats = capsys.readouterr()
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
+    ids = tok(prompt, return_tensors="pt").input_ids
+    with torch.no_grad():
+        ref = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=tok.eos_token_id)
+    assert text.rstrip("\n") == tok.decode(ref[0, ids.shape[1] :], skip_special_tokens=True)
+    assert "6 tokens in" in stats and "sparsity" not in stats
+
+    out = tmp_path / "run"
+    assert calibrate_tiny(tiny_dir, text_file, out) == 0
+    capsys.readouterr()
+    assert cli("generate", "--model", tiny_dir, "--routers", out, "--prompt", prompt, "--max-new-tokens", 4) == 0
+    assert "real sparsity attention" in capsys.readouterr().err
+    assert cli("generate", "--model", tiny_dir, "--max-new-tokens", 0) == 2  # clear error, no traceback
