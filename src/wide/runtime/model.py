@@ -226,6 +226,7 @@ class WideRuntime:
         self.heads = [(self._router_head(r.attn, p.dtype), self._router_head(r.ffn, p.dtype)) for r in wm.routers]
         self.weights = [self._layer_weights(i, layer) for i, layer in enumerate(self.layers)]
         self.cache = StaticCache.empty(d.n_layers, max_batch, max_seq, d.n_kv_heads, d.head_dim, p.dtype, p.device)
+        self.step_configs = {dec: self._step_config(dec) for dec in (False, True)}  # prefill, decode
         self.step = layer_step
         if compile:  # one compiled layer step (per static config) serves every layer
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
@@ -281,7 +282,7 @@ class WideRuntime:
         """ids: [B, T], pos: [B, T] absolute positions -> logits of the last position [B, V]."""
         x = self.hf.model.embed_tokens(ids)  # [B, T, D]
         cos, sin = self.hf.model.rotary_emb(x, pos)  # [B, T, d], once for every layer
-        st = self._step_config(decode)
+        st = self.step_configs[decode]
         lens = self.cache.lens[: ids.shape[0]]
         for i, w in enumerate(self.weights):
             x = self.step(x, cos, sin, pos, lens, w, self.cache.k[i], self.cache.v[i], st)
