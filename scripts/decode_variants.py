@@ -7,7 +7,7 @@ copies in one CUDA graph). Also sweeps the sorted GEMM-MN tile configs at M = 40
 routed prefill attention launch configs ('prefill'). Writes OUT/decode_variants.json (one record per
 variant) and a short markdown table.
 Usage: python3 scripts/decode_variants.py OUT_DIR [PARTS]   (PARTS: comma list of
-gemm1,gemm4,attn,large,prefill,down32; default gemm1,gemm4,attn)
+gemm1,gemm4,attn,large,pick,prefill,down32; default gemm1,gemm4,attn)
 """
 
 from __future__ import annotations
@@ -224,40 +224,85 @@ def prefill_variants(recs: list) -> None:
 
 
 def attn_variants(recs: list) -> None:
+    """Balanced decode attention: launch config x merge (in the split kernel / second kernel) x the
+    fewest keys per split, at 50% and 0%; each variant error-checked before timing."""
     hq, hk, d = 32, 8, 128
-    for b, ctx in ((1, 4096), (16, 4096), (1, 32768), (64, 4096)):
+    for b, ctx in ((1, 4096), (16, 4096), (64, 4096), (1, 32768), (16, 32768), (64, 32768)):
         n = AB._copies(b * ctx * 2 * hk * d * 2)
         qs = [torch.randn(b, hq, d, device="cuda", dtype=torch.bfloat16) for _ in range(n)]
         ks = [torch.randn(b, ctx, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(n)]
         vs = [torch.randn(b, ctx, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(n)]
         lens = torch.full((b,), ctx, dtype=torch.int32, device="cuda")
-        masks = [torch.rand(b, hk, device="cuda") >= 0.5 for _ in range(n)]
         q4 = [x[:, :, None, :] for x in qs]
         tr = q4, [x.transpose(1, 2) for x in ks], [x.transpose(1, 2) for x in vs]
         sdpa_ms = AB.time_graph(AB._sdpa_cands(*tr, causal=False)["sdpa-default(enable_gqa)"])
-        ref = attention_decode_ref(qs[0], ks[0], vs[0], lens, masks[0])
-        low = attention_decode_ref(qs[0], ks[0], vs[0], lens, masks[0], upcast=False)
-        default_ns = A.decode_num_splits(b, hk, ctx, qs[0].device)
-        for conf in ((128, 8, 3), (64, 4, 3), (64, 4, 4), (128, 4, 2)):
-            for ns in sorted({4, 8, 16, 32, 64, default_ns}):
-                if ctx // ns < conf[0]:
-                    continue
-                A.DECODE_CONFIG_OVERRIDE = conf
-                rec = {"kind": "attn_decode", "B": b, "ctx": ctx, "sparsity": 0.5, "config": conf,
-                       "num_splits": ns, "default_splits": default_ns, "sdpa_default_ms": sdpa_ms}  # fmt: skip
-                try:
-                    out = A.routed_attention_decode(qs[0], ks[0], vs[0], lens, masks[0], num_splits=ns)
-                    ok, e, bb = err_ok(out, ref, low)
-                    rec.update(err=e, torch_err=bb, err_ok=ok)
-                    fns = [
-                        partial(A.routed_attention_decode, q, k, v, lens, mk, num_splits=ns)
-                        for q, k, v, mk in zip(qs, ks, vs, masks, strict=True)
-                    ]
-                    _time_vs_sdpa(rec, fns, sdpa_ms)
-                except Exception as exc:  # noqa: BLE001
-                    rec["error"] = repr(exc)[:300]
-                A.DECODE_CONFIG_OVERRIDE = None
-                _keep(recs, rec)
+        for sp in (0.5, 0.0):
+            masks = [torch.rand(b, hk, device="cuda") >= sp for _ in range(n)]
+            ref = attention_decode_ref(qs[0], ks[0], vs[0], lens, masks[0])
+            low = attention_decode_ref(qs[0], ks[0], vs[0], lens, masks[0], upcast=False)
+            for conf in ((128, 8, 3), (64, 4, 3), (128, 4, 2)):
+                for merge in (True, False):
+                    for min_keys in (128, 256):
+                        A.DECODE_CONFIG_OVERRIDE, A.DECODE_MERGE, A.DECODE_MIN_SPLIT_KEYS = conf, merge, min_keys
+                        rec = {"kind": "attn_decode", "B": b, "ctx": ctx, "sparsity": sp, "config": conf,
+                               "merge_in_kernel": merge, "min_split_keys": min_keys,
+                               "plan": A.decode_plan(b, hk, ctx, qs[0].device), "sdpa_default_ms": sdpa_ms}  # fmt: skip
+                        try:
+                            out = A.routed_attention_decode(qs[0], ks[0], vs[0], lens, masks[0])
+                            ok, e, bb = err_ok(out, ref, low)
+                            same = torch.equal(out, A.routed_attention_decode(qs[0], ks[0], vs[0], lens, masks[0]))
+                            rec.update(err=e, torch_err=bb, err_ok=ok, repeat_identical=same)
+                            fns = [
+                                partial(A.routed_attention_decode, q, k, v, lens, mk)
+                                for q, k, v, mk in zip(qs, ks, vs, masks, strict=True)
+                            ]
+                            _time_vs_sdpa(rec, fns, sdpa_ms)
+                        except Exception as exc:  # noqa: BLE001
+                            rec["error"] = repr(exc)[:300]
+                        _keep(recs, rec)
+    A.DECODE_CONFIG_OVERRIDE, A.DECODE_MERGE, A.DECODE_MIN_SPLIT_KEYS = None, None, 128
+
+
+def autotune_pick(recs: list, m: int = 4096) -> None:
+    """What the sorted GEMM-MN autotuner picks at large M (its own per-config times, with Triton's
+    default do_bench and with its CUDA-graph one) against this harness's time of the picked config."""
+    from wide.kernels import clear_autotune_cache
+    from wide.kernels import gemm_mn as GM
+    from wide.kernels.reorder import reorder
+
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    tuner = GM._gemm_mn_tuned
+    for op, (n, k, g) in (("gate_up", SHAPES["gate_up"]), ("q", SHAPES["q"])):
+        sw = op == "gate_up"
+        nc = copies_for(n * k * 2 * (2 if sw else 1) + m * k * 2)
+        w = [torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) / k**0.5 for _ in range(nc)]
+        w2 = [torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) / k**0.5 for _ in range(nc)]
+        x = [torch.randn(m, k, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(nc)]
+        for sp in (0.5, 0.0):
+            masks = [torch.rand(m, n // g, device="cuda", generator=gen) >= sp for _ in range(nc)]
+            routes = [reorder(mk) for mk in masks]
+            if sw:
+                fns = [partial(GM.routed_swiglu, a, b, c2, r, g) for a, b, c2, r in zip(x, w, w2, routes)]
+            else:
+                fns = [partial(GM.routed_gemm_mn, a, b, r, g, zero_inactive=False) for a, b, r in zip(x, w, routes)]
+            for graph_bench in (False, True):
+                from triton.testing import do_bench_cudagraph
+
+                def graph_bench_fn(fn, quantiles):
+                    return do_bench_cudagraph(fn, rep=20, quantiles=quantiles)
+
+                tuner._do_bench = graph_bench_fn if graph_bench else None  # None: Triton's default
+                clear_autotune_cache()
+                fns[0]()
+                timings = {str(c): t for c, t in (getattr(tuner, "configs_timings", None) or {}).items()}
+                rec = {"kind": "autotune_pick", "op": op, "M": m, "group_size": g, "sparsity": sp,
+                       "tuner_bench": "cudagraph" if graph_bench else "default", "picked": str(tuner.best_config),
+                       "tuner_timings": {c: (t[0] if isinstance(t, list) else t) for c, t in timings.items()},
+                       "wide_ms": time_graph(fns)}  # fmt: skip
+                recs.append(rec)
+                print(json.dumps(rec), flush=True)
+    tuner._do_bench = None
+    clear_autotune_cache()
 
 
 def floor(recs: list) -> None:
@@ -281,6 +326,8 @@ def main(out_dir: str) -> None:
         gemm_variants(recs, 1, ("down32",))
     if "large" in parts:
         large_mn_variants(recs)
+    if "pick" in parts:
+        autotune_pick(recs)
     if "prefill" in parts:
         prefill_variants(recs)
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "wall_s": time.time() - t0}
