@@ -224,43 +224,40 @@ def prefill_variants(recs: list) -> None:
 
 
 def attn_variants(recs: list) -> None:
-    """Balanced decode attention: launch config x merge (in the split kernel / second kernel) x the
-    fewest keys per split, at 50% and 0%; each variant error-checked before timing."""
     hq, hk, d = 32, 8, 128
-    for b, ctx in ((1, 4096), (16, 4096), (64, 4096), (1, 32768), (16, 32768), (64, 32768)):
+    for b, ctx in ((1, 4096), (16, 4096), (1, 32768), (64, 4096)):
         n = AB._copies(b * ctx * 2 * hk * d * 2)
         qs = [torch.randn(b, hq, d, device="cuda", dtype=torch.bfloat16) for _ in range(n)]
         ks = [torch.randn(b, ctx, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(n)]
         vs = [torch.randn(b, ctx, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(n)]
         lens = torch.full((b,), ctx, dtype=torch.int32, device="cuda")
+        masks = [torch.rand(b, hk, device="cuda") >= 0.5 for _ in range(n)]
         q4 = [x[:, :, None, :] for x in qs]
         tr = q4, [x.transpose(1, 2) for x in ks], [x.transpose(1, 2) for x in vs]
         sdpa_ms = AB.time_graph(AB._sdpa_cands(*tr, causal=False)["sdpa-default(enable_gqa)"])
-        for sp in (0.5, 0.0):
-            masks = [torch.rand(b, hk, device="cuda") >= sp for _ in range(n)]
-            ref = attention_decode_ref(qs[0], ks[0], vs[0], lens, masks[0])
-            low = attention_decode_ref(qs[0], ks[0], vs[0], lens, masks[0], upcast=False)
-            for conf in ((128, 8, 3), (64, 4, 3), (128, 4, 2)):
-                for merge in (True, False):
-                    for min_keys in (128, 256):
-                        A.DECODE_CONFIG_OVERRIDE, A.DECODE_MERGE, A.DECODE_MIN_SPLIT_KEYS = conf, merge, min_keys
-                        rec = {"kind": "attn_decode", "B": b, "ctx": ctx, "sparsity": sp, "config": conf,
-                               "merge_in_kernel": merge, "min_split_keys": min_keys,
-                               "plan": A.decode_plan(b, hk, ctx, qs[0].device), "sdpa_default_ms": sdpa_ms}  # fmt: skip
-                        try:
-                            out = A.routed_attention_decode(qs[0], ks[0], vs[0], lens, masks[0])
-                            ok, e, bb = err_ok(out, ref, low)
-                            same = torch.equal(out, A.routed_attention_decode(qs[0], ks[0], vs[0], lens, masks[0]))
-                            rec.update(err=e, torch_err=bb, err_ok=ok, repeat_identical=same)
-                            fns = [
-                                partial(A.routed_attention_decode, q, k, v, lens, mk)
-                                for q, k, v, mk in zip(qs, ks, vs, masks, strict=True)
-                            ]
-                            _time_vs_sdpa(rec, fns, sdpa_ms)
-                        except Exception as exc:  # noqa: BLE001
-                            rec["error"] = repr(exc)[:300]
-                        _keep(recs, rec)
-    A.DECODE_CONFIG_OVERRIDE, A.DECODE_MERGE, A.DECODE_MIN_SPLIT_KEYS = None, None, 128
+        ref = attention_decode_ref(qs[0], ks[0], vs[0], lens, masks[0])
+        low = attention_decode_ref(qs[0], ks[0], vs[0], lens, masks[0], upcast=False)
+        default_ns = A.decode_num_splits(b, hk, ctx, qs[0].device)
+        for conf in ((128, 8, 3), (64, 4, 3), (64, 4, 4), (128, 4, 2)):
+            for ns in sorted({4, 8, 16, 32, 64, default_ns}):
+                if ctx // ns < conf[0]:
+                    continue
+                A.DECODE_CONFIG_OVERRIDE = conf
+                rec = {"kind": "attn_decode", "B": b, "ctx": ctx, "sparsity": 0.5, "config": conf,
+                       "num_splits": ns, "default_splits": default_ns, "sdpa_default_ms": sdpa_ms}  # fmt: skip
+                try:
+                    out = A.routed_attention_decode(qs[0], ks[0], vs[0], lens, masks[0], num_splits=ns)
+                    ok, e, bb = err_ok(out, ref, low)
+                    rec.update(err=e, torch_err=bb, err_ok=ok)
+                    fns = [
+                        partial(A.routed_attention_decode, q, k, v, lens, mk, num_splits=ns)
+                        for q, k, v, mk in zip(qs, ks, vs, masks, strict=True)
+                    ]
+                    _time_vs_sdpa(rec, fns, sdpa_ms)
+                except Exception as exc:  # noqa: BLE001
+                    rec["error"] = repr(exc)[:300]
+                A.DECODE_CONFIG_OVERRIDE = None
+                _keep(recs, rec)
 
 
 def autotune_pick(recs: list, m: int = 4096) -> None:
@@ -344,6 +341,7 @@ def main(out_dir: str) -> None:
     for (kind, op, m, b, ctx, spars), r in best.items():
         sp = r.get("speedup") or r.get("speedup_vs_sdpa_default")
         conf = r.get("config"), r.get("num_splits")
+        sp = float("nan") if sp is None else sp  # autotune_pick records carry no speed-up
         lines.append(f"| {kind} | {op or (b, ctx)} | {m} | {spars} | {conf} | {r['wide_ms']:.4f} | {sp:.2f} |")
     with open(f"{out_dir}/decode_variants.md", "w") as f:
         f.write("\n".join(lines) + "\n")

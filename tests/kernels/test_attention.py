@@ -11,7 +11,6 @@ import torch
 if not torch.cuda.is_available():  # before the kernels are defined: CPU runs Triton's interpreter
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import wide.kernels.attention as A
 from wide.kernels.attention import (
     attention_decode_ref,
     attention_prefill_ref,
@@ -113,30 +112,6 @@ def test_decode_matches_reference(case):
     _check(out, ref32, ref_same)
     assert (out[0] == 0).all()
     assert torch.equal(out, routed_attention_decode(q, kc, vc, cache_lens, mask, num_splits=ns))  # deterministic
-
-
-@pytest.mark.parametrize("merge", [True, False], ids=["merge-in-kernel", "reduce-kernel"])
-@pytest.mark.parametrize("kind", ["all", "none", "random", "one"])
-def test_decode_balanced_plan(monkeypatch, merge, kind):
-    """Auto plan: the active groups share the grid, so sparser masks split each group finer."""
-    monkeypatch.setattr(A, "DECODE_KEYS_PER_PROGRAM", 16)
-    monkeypatch.setattr(A, "DECODE_MIN_SPLIT_KEYS", 8)
-    monkeypatch.setattr(A, "DECODE_MERGE", merge)
-    b, s, hq, hk, d = 3, 70, 6, 3, 32
-    programs, cap = A.decode_plan(b, hk, s)
-    assert programs == b * hk * 5 and cap == 8  # 70 keys -> 5 programs per group dense, <= 8 splits
-    gen = torch.Generator().manual_seed(11)
-    q = torch.randn(b, hq, d, generator=gen).to(DEV)
-    kc = torch.randn(b, s, hk, d, generator=gen).to(DEV)
-    vc = torch.randn(b, s, hk, d, generator=gen).to(DEV)
-    lens = torch.tensor([70, 9, 41], dtype=torch.int32, device=DEV)
-    mask = _mask((b, hk), "random" if kind == "one" else kind, gen)
-    if kind == "one":  # a single active group takes min(grid, cap) = 8 splits
-        mask[:] = False
-        mask[2, 1] = True
-    out = routed_attention_decode(q, kc, vc, lens, mask)
-    torch.testing.assert_close(out, attention_decode_ref(q, kc, vc, lens, mask), atol=1e-5, rtol=1e-5)
-    assert torch.equal(out, routed_attention_decode(q, kc, vc, lens, mask))  # deterministic
 
 
 def test_decode_ignores_garbage_beyond_length():

@@ -8,7 +8,7 @@ Every op is a `torch.library` custom op in the `wide::` namespace (torch.compile
 host syncs); on CPU tensors the torch reference runs unless TRITON_INTERPRET=1.
 """
 
-from wide.kernels.attention import decode_plan, routed_attention_decode, routed_attention_prefill
+from wide.kernels.attention import decode_num_splits, routed_attention_decode, routed_attention_prefill
 from wide.kernels.attention_reference import attention_decode_ref, attention_prefill_ref
 from wide.kernels.gemm_k import routed_gemm_k
 from wide.kernels.gemm_mn import routed_gemm_mn, routed_swiglu
@@ -45,7 +45,7 @@ __all__ = [
     "clear_autotune_cache",
     "attention_decode_ref",
     "attention_prefill_ref",
-    "decode_plan",
+    "decode_num_splits",
     "gather_scatter_gemm_k",
     "gather_scatter_gemm_n",
     "has_index",

@@ -27,15 +27,12 @@ import os
 
 import torch
 
-from wide.kernels._split_reduce import tile_counters
 from wide.kernels.attention_reference import attention_decode_ref, attention_prefill_ref
 from wide.kernels.reorder import RouteIndex, has_index, reorder_reference
 
 try:
     import triton
     import triton.language as tl
-
-    from wide.kernels._split_reduce import arrive
 
     HAS_TRITON = True
 except ImportError:  # pragma: no cover - CPU installs without triton
@@ -51,20 +48,13 @@ __all__ = [
     "routed_attention_decode",
     "attention_prefill_ref",
     "attention_decode_ref",
-    "decode_plan",
+    "decode_num_splits",
 ]
 
 # Optional launch-config overrides (benchmark sweeps): (BLOCK_M, BLOCK_N, num_warps, num_stages).
 PREFILL_CONFIG_OVERRIDE: tuple[int, int, int, int] | None = None
 DECODE_CONFIG_OVERRIDE: tuple[int, int, int] | None = None  # (BLOCK_N, num_warps, num_stages)
-# Decode launch plan (see decode_plan): programs per SM, cached keys per program in the dense case,
-# fewest keys per split, most splits per group, and up to which split count the split kernel merges.
-DECODE_WAVES = 3
-DECODE_KEYS_PER_PROGRAM = 256
-DECODE_MIN_SPLIT_KEYS = 128
-DECODE_MAX_SPLITS = 64
-DECODE_FUSED_MERGE_MAX_SPLITS = 64
-DECODE_MERGE: bool | None = None  # override: True = merge in the split kernel, False = second kernel
+DECODE_WAVES = 3  # decode programs per SM the split count aims for
 
 
 def _use_triton(t: torch.Tensor) -> bool:
@@ -161,71 +151,33 @@ if HAS_TRITON:
         tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=in_tile[:, None])
 
     @triton.jit
-    def _decode_work(MASK, n_items, ns_cap, ITEMS_P: tl.constexpr):
-        """This program's (item = b * HK + g, split, splits per item, active items) from the mask.
-
-        The active (b, g) items share the whole grid: with A of them active, each takes
-        ns = min(grid // A, ns_cap) consecutive programs (so sparser masks split each item finer and no
-        SM idles on a skipped group). Every program derives the same A / ns from the mask: no host sync.
-        """
-        pid = tl.program_id(0)
-        offs = tl.arange(0, ITEMS_P)
-        act = tl.load(MASK + offs, mask=offs < n_items, other=0).to(tl.int32)  # bool mask (*i1)
-        rank = tl.cumsum(act, 0)  # inclusive: the j-th active item (0-based) holds j + 1
-        n_act = tl.sum(act, 0)
-        ns = tl.minimum(tl.num_programs(0) // tl.maximum(n_act, 1), ns_cap)
-        slot = pid // ns
-        item = tl.sum((rank <= slot).to(tl.int32), 0)  # index of the slot-th active item
-        return item, pid - slot * ns, ns, slot, n_act
-
-    @triton.jit
-    def _decode_merge_head(OP, LSE, first, ns, hh, HPG: tl.constexpr, HEAD_D: tl.constexpr, NS_P: tl.constexpr):
-        """Log-sum-exp merge of head hh's ns partials, rows (first + s) * HPG + hh -> [HEAD_D] fp32.
-
-        One masked load of all splits, reduced in a fixed order: bit-identical whatever the arrival order.
-        """
-        s = tl.arange(0, NS_P)
-        row = (first + s) * HPG + hh
-        smask = s < ns
-        lse = tl.load(LSE + row, mask=smask, other=float("-inf"), cache_modifier=".cg")  # [NS_P]
-        m = tl.max(lse, 0)
-        w = tl.where(lse > float("-inf"), tl.math.exp2(lse - m), 0.0)
-        w = w / tl.where(tl.sum(w, 0) > 0, tl.sum(w, 0), 1.0)
-        offs_d = tl.arange(0, HEAD_D)
-        p_ptrs = OP + row[:, None] * HEAD_D + offs_d[None, :]
-        part = tl.load(p_ptrs, mask=smask[:, None], other=0.0, cache_modifier=".cg")  # [NS_P, HEAD_D]
-        return tl.sum(part * w[:, None], 0)
-
-    @triton.jit
     def _decode_split_kernel(
-        Q, K, V, LENS, MASK, O, OP, LSE, CNT,
-        qk_scale, n_items, ns_cap,
+        Q, K, V, LENS, MASK, O, OP, LSE,
+        qk_scale,
         s_qb, s_qh, s_kb, s_ks, s_kh, s_vb, s_vs, s_vh, s_ob, s_oh,
         HK: tl.constexpr, HPG: tl.constexpr, HPG_P: tl.constexpr, HEAD_D: tl.constexpr,
-        BLOCK_N: tl.constexpr, ITEMS_P: tl.constexpr, NS_P: tl.constexpr, MERGE: tl.constexpr,
-        PREC: tl.constexpr,
+        BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, PREC: tl.constexpr,
     ):  # fmt: skip
         qk_scale = tl.cast(qk_scale, tl.float32)
-        pid = tl.program_id(0)
+        bg = tl.program_id(0)  # b * HK + g
+        split = tl.program_id(1)
+        b = bg // HK
+        g = bg % HK
+        b64 = b.to(tl.int64)
+        act = tl.load(MASK + bg).to(tl.int32)  # bool mask (*i1)
         h = tl.arange(0, HPG_P)
         hmask = h < HPG
-        offs_d = tl.arange(0, HEAD_D)
-        if pid < n_items:  # noqa: SIM102 - no short-circuit in Triton: guard the load
-            # program i writes the zeros of item i when it is skipped
-            if tl.load(MASK + pid).to(tl.int32) == 0:
-                zb = (pid // HK).to(tl.int64)
-                z_ptrs = O + zb * s_ob + ((pid % HK) * HPG + h)[:, None] * s_oh + offs_d[None, :]
-                tl.store(z_ptrs, tl.zeros([HPG_P, HEAD_D], O.dtype.element_ty), mask=hmask[:, None])
-        item, split, ns, slot, n_act = _decode_work(MASK, n_items, ns_cap, ITEMS_P)
-        if slot >= n_act:  # no active item left for this program
-            return
-        b = item // HK
-        g = item % HK
-        b64 = b.to(tl.int64)
         head = g * HPG + h  # [HPG_P]
-        o_ptrs = O + b64 * s_ob + head[:, None] * s_oh + offs_d[None, :]
+        offs_d = tl.arange(0, HEAD_D)
+        if NUM_SPLITS == 1:
+            o_ptrs = O + b64 * s_ob + head[:, None] * s_oh + offs_d[None, :]
+            if act == 0:  # skipped group: write zeros, read no KV
+                tl.store(o_ptrs, tl.zeros([HPG_P, HEAD_D], O.dtype.element_ty), mask=hmask[:, None])
+                return
+        elif act == 0:  # the reduce kernel writes the zeros
+            return
         n_len = tl.load(LENS + b)
-        chunk = tl.cdiv(tl.cdiv(n_len, ns), BLOCK_N) * BLOCK_N
+        chunk = tl.cdiv(tl.cdiv(n_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
         lo = split * chunk
         hi = tl.minimum(lo + chunk, n_len)
         q = tl.load(Q + b64 * s_qb + head[:, None] * s_qh + offs_d[None, :], mask=hmask[:, None], other=0.0)
@@ -242,41 +194,39 @@ if HAS_TRITON:
             v = tl.load(v_base + kn[:, None] * s_vs, mask=kin[:, None], other=0.0)
             acc, l_i, m_i = _softmax_step(q, k, v, acc, l_i, m_i, qk_scale, kin[None, :], True, PREC)
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        if ns == 1:
+        if NUM_SPLITS == 1:
             tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=hmask[:, None])
-        else:  # partials [grid, HPG, D] / LSE [grid, HPG], row = pid * HPG + head in group
+        else:
             lse = tl.where(l_i > 0, m_i + tl.math.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
-            row = pid * HPG + h
+            row = (b * HK * HPG + head) * NUM_SPLITS + split  # OP [B, Hq, NS, D], LSE [B, Hq, NS]
             tl.store(OP + row[:, None] * HEAD_D + offs_d[None, :], out, mask=hmask[:, None])
             tl.store(LSE + row, lse, mask=hmask)
-            if MERGE:  # noqa: SIM102 - arrive() has a side effect: only when merging here
-                # the item's last split to finish merges (no second launch)
-                if arrive(CNT + item, ns):
-                    for hh in tl.static_range(HPG):
-                        merged = _decode_merge_head(OP, LSE, slot * ns, ns, hh, HPG, HEAD_D, NS_P)
-                        tl.store(O + b64 * s_ob + (g * HPG + hh) * s_oh + offs_d, merged.to(O.dtype.element_ty))
 
     @triton.jit
     def _decode_reduce_kernel(
-        OP, LSE, MASK, O, n_items, ns_cap, n_split_programs, s_ob, s_oh,
-        HK: tl.constexpr, HPG: tl.constexpr, HEAD_D: tl.constexpr, ITEMS_P: tl.constexpr, NS_P: tl.constexpr,
+        OP, LSE, MASK, O, s_ob, s_oh,
+        HQ: tl.constexpr, HPG: tl.constexpr, HEAD_D: tl.constexpr,
+        NUM_SPLITS: tl.constexpr, NS_P: tl.constexpr,
     ):  # fmt: skip
-        """Second launch (MERGE off): one program per (b, query head) merges its item's splits."""
-        bh = tl.program_id(0)  # b * HQ + head
-        item = bh // HPG
-        hh = bh % HPG
-        offs = tl.arange(0, ITEMS_P)
-        act = tl.load(MASK + offs, mask=offs < n_items, other=0).to(tl.int32)
-        n_act = tl.sum(act, 0)
-        ns = tl.minimum(n_split_programs // tl.maximum(n_act, 1), ns_cap)
-        mine = tl.sum(tl.where(offs == item, act, 0), 0)
-        if mine == 0 or ns == 1:  # skipped (zeros written) or unsplit (written by the split kernel)
-            return
-        slot = tl.sum(tl.where(offs < item, act, 0), 0)  # rank among the active items
-        merged = _decode_merge_head(OP, LSE, slot * ns, ns, hh, HPG, HEAD_D, NS_P)
-        b64 = (item // HK).to(tl.int64)
+        bh = tl.program_id(0)  # b * HQ + h
+        b = bh // HQ
+        h = bh % HQ
+        b64 = b.to(tl.int64)
         offs_d = tl.arange(0, HEAD_D)
-        tl.store(O + b64 * s_ob + ((item % HK) * HPG + hh) * s_oh + offs_d, merged.to(O.dtype.element_ty))
+        o_ptrs = O + b64 * s_ob + h * s_oh + offs_d
+        act = tl.load(MASK + b * (HQ // HPG) + h // HPG).to(tl.int32)
+        if act == 0:
+            tl.store(o_ptrs, tl.zeros([HEAD_D], O.dtype.element_ty))
+            return
+        s = tl.arange(0, NS_P)
+        smask = s < NUM_SPLITS
+        lse = tl.load(LSE + bh * NUM_SPLITS + s, mask=smask, other=float("-inf"))  # [NS_P]
+        m = tl.max(lse, 0)
+        w = tl.where(lse > float("-inf"), tl.math.exp2(lse - m), 0.0)  # [NS_P]
+        w = w / tl.where(tl.sum(w, 0) > 0, tl.sum(w, 0), 1.0)
+        part = tl.load(OP + (bh * NUM_SPLITS + s)[:, None] * HEAD_D + offs_d[None, :], mask=smask[:, None], other=0.0)
+        out = tl.sum(part * w[:, None], 0)  # [D]
+        tl.store(o_ptrs, out.to(O.dtype.element_ty))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -354,24 +304,13 @@ def _decode_config(d: int, interpret: bool) -> tuple[int, int, int]:
     return (128, 8, 3) if d >= 128 else (128, 4, 3)  # H200 sweep (Llama shapes)
 
 
-def decode_plan(
-    batch: int, hk: int, seq: int, device: torch.device | None = None, max_splits: int | None = None
-) -> tuple[int, int]:
-    """(programs, max splits per active group) of a decode launch: shapes only, no host sync.
-
-    Auto: ~DECODE_WAVES programs per SM but no more than one per DECODE_KEYS_PER_PROGRAM cached keys
-    of every group (the dense case), and a group may split down to DECODE_MIN_SPLIT_KEYS keys when
-    few groups are active. ``max_splits`` given: exactly that many splits per active group.
-    """
-    items = batch * hk
-    if max_splits is not None:
-        return items * max_splits, max_splits
+def decode_num_splits(batch: int, hk: int, seq: int, device: torch.device | None = None) -> int:
+    """Static split count (shapes only, no host sync): ~DECODE_WAVES programs per SM, >= 256 keys each."""
     sms = 132
     if device is not None and device.type == "cuda":
         sms = torch.cuda.get_device_properties(device).multi_processor_count
-    per_item = max(1, -(-seq // DECODE_KEYS_PER_PROGRAM))
-    programs = max(items, min(DECODE_WAVES * sms, items * per_item))
-    return programs, int(max(1, min(seq // DECODE_MIN_SPLIT_KEYS, DECODE_MAX_SPLITS)))
+    want = -(-DECODE_WAVES * sms // max(1, batch * hk))
+    return int(max(1, min(want, seq // 256, 64)))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -398,40 +337,32 @@ def _prefill_impl(q, k, v, idx, count, batch_start, batch_count, sm_scale: float
     return o
 
 
-def _decode_impl(q, k_cache, v_cache, cache_lens, mask, sm_scale: float, programs: int, max_splits: int):
+def _decode_impl(q, k_cache, v_cache, cache_lens, mask, sm_scale: float, num_splits: int):
     bsz, hq, d = q.shape
     hk = k_cache.shape[2]
     hpg = hq // hk
-    n_items = bsz * hk
     o = torch.empty_like(q)
     bn, nw, ns = _decode_config(d, not q.is_cuda)
     prec = "ieee" if q.dtype == torch.float32 else None
-    merge = _decode_merge(programs, max_splits) if DECODE_MERGE is None else DECODE_MERGE
-    split = max_splits > 1
-    # partials [programs, HPG, D] fp32 and their log-sum-exp; unused when no group splits
-    op = torch.empty((programs * hpg if split else 1, d), dtype=torch.float32, device=q.device)
-    lse = torch.empty((programs * hpg if split else 1,), dtype=torch.float32, device=q.device)
-    cnt = tile_counters(q, n_items) if (split and merge) else lse
-    items_p, ns_p = _next_pow2(n_items), _next_pow2(max_splits)
-    _launch(_decode_split_kernel, (programs,))(
-        q, k_cache, v_cache, cache_lens, mask, o, op, lse, cnt,
-        sm_scale * _LOG2E, n_items, max_splits,
+    if num_splits > 1:
+        op = torch.empty((bsz, hq, num_splits, d), dtype=torch.float32, device=q.device)
+        lse = torch.empty((bsz, hq, num_splits), dtype=torch.float32, device=q.device)
+    else:
+        op = lse = o  # unused
+    _launch(_decode_split_kernel, (bsz * hk, num_splits))(
+        q, k_cache, v_cache, cache_lens, mask, o, op, lse,
+        sm_scale * _LOG2E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), o.stride(0), o.stride(1),
-        HK=hk, HPG=hpg, HPG_P=max(16, _next_pow2(hpg)), HEAD_D=d, BLOCK_N=bn,
-        ITEMS_P=items_p, NS_P=ns_p, MERGE=merge, PREC=prec, num_warps=nw, num_stages=ns,
+        HK=hk, HPG=hpg, HPG_P=max(16, _next_pow2(hpg)), HEAD_D=d,
+        BLOCK_N=bn, NUM_SPLITS=num_splits, PREC=prec, num_warps=nw, num_stages=ns,
     )  # fmt: skip
-    if split and not merge:
+    if num_splits > 1:
         _launch(_decode_reduce_kernel, (bsz * hq,))(
-            op, lse, mask, o, n_items, max_splits, programs, o.stride(0), o.stride(1),
-            HK=hk, HPG=hpg, HEAD_D=d, ITEMS_P=items_p, NS_P=ns_p, num_warps=4,
+            op, lse, mask, o, o.stride(0), o.stride(1),
+            HQ=hq, HPG=hpg, HEAD_D=d, NUM_SPLITS=num_splits, NS_P=_next_pow2(num_splits), num_warps=4,
         )  # fmt: skip
     return o
-
-
-def _decode_merge(programs: int, max_splits: int) -> bool:
-    """Merge splits inside the split kernel (one launch) or in a second kernel."""
-    return max_splits <= DECODE_FUSED_MERGE_MAX_SPLITS
 
 
 def _launch(kernel, grid):
@@ -480,11 +411,12 @@ def _define_ops():
         cache_lens: torch.Tensor,
         mask: torch.Tensor,
         sm_scale: float,
-        programs: int,
-        max_splits: int,
+        num_splits: int,
     ) -> torch.Tensor:
-        if _use_triton(q):  # bool mask: no dtype view (inductor)
-            return _decode_impl(q, k_cache, v_cache, cache_lens, mask, sm_scale, programs, max_splits)
+        if _use_triton(q):
+            return _decode_impl(
+                q, k_cache, v_cache, cache_lens, mask, sm_scale, num_splits
+            )  # bool: no dtype view (inductor)
         return attention_decode_ref(q, k_cache, v_cache, cache_lens, mask, sm_scale)
 
     if _HAS_TRITON_OP and HAS_TRITON and not _INTERPRET:
@@ -560,15 +492,14 @@ def routed_attention_decode(
 
     q [B,Hq,d], k_cache/v_cache [B,S,Hk,d], cache_lens [B] int (attend to positions < len),
     mask [B,Hk] bool (True = execute) -> o [B,Hq,d]; skipped groups are 0 and read no KV.
-    ``num_splits``: split every active group's keys exactly that many ways (default: from the
-    shapes, and finer when fewer groups are active, see ``decode_plan``).
     """
     _check_decode(q, k_cache, v_cache, cache_lens, mask)
     bsz, s_max, hk = k_cache.shape[0], k_cache.shape[1], k_cache.shape[2]
-    if num_splits is not None and not 1 <= num_splits <= DECODE_MAX_SPLITS:
-        raise ValueError(f"num_splits must be in [1, {DECODE_MAX_SPLITS}], got {num_splits}")
-    programs, max_splits = decode_plan(bsz, hk, s_max, q.device, num_splits)
+    if num_splits is None:
+        num_splits = decode_num_splits(bsz, hk, s_max, q.device)
+    if not 1 <= num_splits <= 1024:
+        raise ValueError(f"num_splits must be in [1, 1024], got {num_splits}")
     scale = _scale(q.shape[-1], sm_scale)
     q, k_cache, v_cache = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k_cache, v_cache))
     lens = cache_lens.to(torch.int32).contiguous()
-    return _attn_decode_op(q, k_cache, v_cache, lens, mask.contiguous(), scale, programs, max_splits)
+    return _attn_decode_op(q, k_cache, v_cache, lens, mask.contiguous(), scale, int(num_splits))
