@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
 import torch
+
+# pytest-xdist workers compiling the same graph race on one Inductor cache ("file too short" when a
+# worker loads a .so another is still writing): give each worker its own cache directory.
+if "PYTEST_XDIST_WORKER" in os.environ and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
+        tempfile.gettempdir(), f"torchinductor_{os.environ['PYTEST_XDIST_WORKER']}"
+    )
 
 
 def pytest_collection_modifyitems(config, items):
