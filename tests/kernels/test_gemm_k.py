@@ -48,27 +48,6 @@ def test_gemm_k_matches_reference(shape, dtype, mode, algo, kernel_device):
     _check_k(x, w, route, gs, algo)
 
 
-def _k_major(w: torch.Tensor) -> torch.Tensor:
-    """The same [N, K] weight stored K-major: a contiguous [K, N] seen through .t()."""
-    wk = w.t().contiguous().t()
-    assert wk.stride(0) == 1 and torch.equal(wk, w)
-    return wk
-
-
-@pytest.mark.parametrize("shape", [s for s in CPU_SHAPES if s[0] * s[1] <= 16] + [(1, 3, 40, 96, 32)])
-@pytest.mark.parametrize("mode", ["random", "all", "none"])
-@pytest.mark.parametrize("algo", ["small", "masked_dense", "stationary", "auto"])
-def test_gemm_k_k_major_weight(shape, mode, algo, kernel_device):
-    """K-major weights (each K group one contiguous block) give the row-major result on every path."""
-    b, t, n, k, gs = shape
-    x, w = _inputs(b * t, n, k, torch.float32, kernel_device)
-    _, route = make_route(mode, b, t, k // gs, kernel_device, seed=5)
-    wk = _k_major(w)
-    torch.testing.assert_close(
-        routed_gemm_k(x, wk, route, gs, algo=algo), routed_gemm_k_ref(x, w, route, gs), rtol=1e-5, atol=1e-5
-    )
-
-
 @pytest.mark.parametrize("m", [3, 40])
 def test_gemm_k_x_zeroed_and_planned_route(m, kernel_device):
     """A pre-zeroed x (what routed SwiGLU / attention produce) gives the same product on the fast path."""
@@ -157,7 +136,6 @@ def test_gemm_k_gpu(op, bt, mode):
     _check_k(x * mask.reshape(b * t, -1).repeat_interleave(gs, 1).to(x.dtype), w, route, gs, x_zeroed=True)
     if b * t <= 16:
         _check_k(x, w, route, gs, "small")
-        _check_k(x, _k_major(w), route, gs)  # K-major weight (decode layout)
     if b * t > 256:
         _check_k(x, w, route, gs, "atomic")
 

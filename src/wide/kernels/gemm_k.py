@@ -362,9 +362,6 @@ def routed_gemm_k(
 ) -> torch.Tensor:
     """K-axis routed projection. x: [M, K], w: [N, K] -> y: [M, N] (fp32 accumulation).
 
-    ``w`` may be K-major (``w_t.t()`` for a contiguous [K, N] ``w_t``): at decode each skipped group is
-    then a skipped contiguous block of weight bytes (see ``small_m.small_gemm_k``); cuBLAS takes it as is.
-
     ``algo``: 'auto' (``choose_algo``) | 'small' (M <= SMALL_M) | 'masked_dense' | 'stationary'
     (Triton, deterministic) | 'atomic' (Triton, fp32 atomics, not bit-reproducible).
     ``deterministic=True`` rejects 'atomic' and gives bit-identical repeats. ``x_zeroed=True``
@@ -386,12 +383,5 @@ def routed_gemm_k(
     if mask.dtype != torch.bool or tuple(mask.shape) != (m, route.idx.shape[0]):
         raise ValueError(f"route.mask must be bool [M, N_G], got {mask.dtype} {tuple(mask.shape)}")
     return _gemm_k_op(
-        x.contiguous(), _weight_layout(w, algo), route.idx, route.count, mask.contiguous(), group_size, algo, x_zeroed
+        x.contiguous(), w.contiguous(), route.idx, route.count, mask.contiguous(), group_size, algo, x_zeroed
     )
-
-
-def _weight_layout(w: torch.Tensor, algo: str) -> torch.Tensor:
-    """w as the path reads it: 'small' and 'masked_dense' take row-major or K-major ([K, N] storage
-    seen through ``.t()``) weights as they are; the Triton large-M schedules need row-major."""
-    k_major = w.dim() == 2 and w.stride(0) == 1 and w.stride(1) == w.shape[0]
-    return w if k_major and algo in ("small", "masked_dense") else w.contiguous()

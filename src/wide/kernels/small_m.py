@@ -49,31 +49,11 @@ def _prune_mn(configs, named_args, **kwargs):
     return autotune_subset(keep) or [_mn_cfg(largest_pow2_divisor(g, 64), 128, 3)]
 
 
-def _k_major(stride_wn: int, stride_wk: int) -> bool:
-    """A [N, K] weight stored as its contiguous transpose [K, N]: each K group is one block."""
-    return stride_wn == 1 and stride_wk != 1
-
-
 def _prune_k(configs, named_args, **kwargs):
-    """BLOCK_K inside one group; no more splits than groups; the configs of the weight's layout."""
+    """BLOCK_K inside one group; no more splits than groups."""
     g, ng = named_args["G"], named_args["NG"]
-    k_major = _k_major(named_args["stride_wn"], named_args["stride_wk"])
-    keep = [
-        c
-        for c in configs
-        if g % c.kwargs["BLOCK_K"] == 0 and c.kwargs["SPLITS"] <= ng and (id(c) in _K_MAJOR_IDS) == k_major
-    ]
+    keep = [c for c in configs if g % c.kwargs["BLOCK_K"] == 0 and c.kwargs["SPLITS"] <= ng]
     return autotune_subset(keep) or [_mn_cfg(32, largest_pow2_divisor(g, 128), 3)]
-
-
-# K-major weights (wide tiles along the contiguous N axis); the row-major list is in _small_k_tuned.
-_K_MAJOR = (
-    [_mn_cfg(bn, bk, st, splits=s) for bn, bk, st in ((128, 32, 6), (256, 32, 4), (128, 64, 4)) for s in (4, 8, 16)]
-    if HAS_TRITON
-    else []
-)
-_K_MAJOR_IDS = {id(c) for c in _K_MAJOR}
-K_MAX_BLOCK_N = 256
 
 
 if HAS_TRITON:
@@ -187,7 +167,7 @@ if HAS_TRITON:
     @triton.jit
     def _small_k_kernel(
         x_ptr,  # [M, K]
-        w_ptr,  # [N, K]: row-major (stride_wk 1) or K-major (stride_wn 1: each K group contiguous)
+        w_ptr,  # [N, K]
         y_ptr,  # [M, N]
         mask_ptr,  # [M, N_G] uint8
         ws_ptr,  # fp32 partials [cdiv(N, BLOCK_N), SPLITS, M, BLOCK_N] when SPLITS > 1
@@ -200,7 +180,6 @@ if HAS_TRITON:
         NG,
         stride_xm,
         stride_wn,
-        stride_wk,
         NG_P: tl.constexpr,  # next_pow2(NG)
         PREC: tl.constexpr,
         BLOCK_M: tl.constexpr,
@@ -237,8 +216,11 @@ if HAS_TRITON:
             row_act = tl.load(mask_ptr + offs_m * NG + grp, mask=in_m, other=0) != 0  # [BM]
             k0 = grp * G + (t % tiles_per_group) * BLOCK_K
             a = tl.load(x_ptr + offs_m[:, None] * stride_xm + k0 + offs_k[None, :], mask=row_act[:, None], other=0.0)
-            w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + (k0 + offs_k)[None, :].to(tl.int64) * stride_wk
-            b = tl.load(w_ptrs, mask=in_n[:, None], other=0.0)  # [BLOCK_N, BLOCK_K]
+            b = tl.load(
+                w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + k0 + offs_k[None, :],
+                mask=in_n[:, None],
+                other=0.0,
+            )
             acc = tl.dot(a, tl.trans(b), acc, input_precision=PREC)
         if SPLITS == 1:
             o_ptrs = y_ptr + offs_m[:, None] * N + offs_n[None, :]
@@ -267,9 +249,8 @@ if HAS_TRITON:
             _mn_cfg(64, 32, 8, splits=8),
             _mn_cfg(64, 32, 5, splits=16),
             _mn_cfg(32, 32, 6, splits=8),
-            *_K_MAJOR,
         ],
-        key=["M", "N", "K", "G", "stride_wk"],
+        key=["M", "N", "K", "G"],
         prune_configs_by={"early_config_prune": _prune_k},
     )(_small_k_kernel)
 
@@ -337,9 +318,7 @@ def small_gemm_k(
 ) -> torch.Tensor:
     """x: [M, K] (M <= 16), w: [N, K], mask: [M, K // g] bool -> y [M, N] = sum of the active groups.
 
-    ``w`` row-major, or K-major (``w_t.t()`` of a contiguous [K, N] ``w_t``): then each K group is one
-    contiguous block and skipping a group skips whole DRAM pages. K groups are split over SPLITS
-    programs per output tile, reduced in-kernel in split order.
+    K groups are split over SPLITS programs per output tile, reduced in-kernel in split order.
     ``config`` (BLOCK_N, BLOCK_K, SPLITS, num_warps, num_stages) bypasses the autotuner (benchmarks).
     """
     m, k = x.shape
@@ -351,11 +330,11 @@ def small_gemm_k(
     if config is None and not x.is_cuda:  # interpreter: one small config
         config = _interp_config(32, largest_pow2_divisor(g, 32), 4 if ng >= 4 else (2 if ng >= 2 else 1))
     max_splits = K_MAX_SPLITS if config is None else config["SPLITS"]
-    n_pad = triton.cdiv(n, 32) * 32 + K_MAX_BLOCK_N  # tiles of >= 32 columns, the last one padded
+    n_pad = triton.cdiv(n, 32) * 64  # tiles of >= 32 columns, each padded to at most 64
     ws = _workspace(x, n_pad, max_splits)
     cnt = tile_counters(x, triton.cdiv(n, 32))
     lists = torch.empty(max_splits * next_pow2(ng), device=x.device, dtype=torch.int32)
-    args = (x, w, y, mask.view(torch.uint8), ws, cnt, lists, m, n, k, g, ng, x.stride(0), w.stride(0), w.stride(1))
+    args = (x, w, y, mask.view(torch.uint8), ws, cnt, lists, m, n, k, g, ng, x.stride(0), w.stride(0))
     flags = {"NG_P": next_pow2(ng), "PREC": _prec(x), "BLOCK_M": SMALL_BLOCK_M, "BLOCK_MR": next_pow2(m)}
     _check_splits(config)
     if config is None:
