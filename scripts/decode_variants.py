@@ -7,7 +7,7 @@ copies in one CUDA graph). Also sweeps the sorted GEMM-MN tile configs at M = 40
 routed prefill attention launch configs ('prefill'). Writes OUT/decode_variants.json (one record per
 variant) and a short markdown table.
 Usage: python3 scripts/decode_variants.py OUT_DIR [PARTS]   (PARTS: comma list of
-gemm1,gemm4,attn,large,pick,kmajor,prefill,down32; default gemm1,gemm4,attn)
+gemm1,gemm4,attn,large,pick,prefill,down32; default gemm1,gemm4,attn)
 """
 
 from __future__ import annotations
@@ -302,64 +302,6 @@ def autotune_pick(recs: list, m: int = 4096) -> None:
     clear_autotune_cache()
 
 
-def k_major_variants(recs: list) -> None:
-    """GEMM-K (O, down) with K-major weights ([K, N] storage: each K group one contiguous block) against
-    row-major, at decode M (1, 4) and at M 4096 (cuBLAS only), 50% and 0%. Every variant of one case is
-    timed together with both dense layouts (replays interleaved); each is error-checked first."""
-    from wide.bench.timing import time_together
-    from wide.kernels import clear_autotune_cache
-    from wide.kernels import small_m as SM
-
-    gen = torch.Generator(device="cuda").manual_seed(21)
-    for op in ("o", "down", "down32"):
-        n, k, g = SHAPES[op]
-        nc = copies_for(n * k * 2)
-        w32 = [torch.randn(n, k, device="cuda", generator=gen) / k**0.5 for _ in range(nc)]
-        wr = [t.bfloat16() for t in w32]  # row-major [N, K]
-        wk = [t.t().contiguous().t() for t in wr]  # K-major view of [K, N] storage
-        for m in (1, 4, 4096):
-            x = [torch.randn(m, k, device="cuda", generator=gen) for _ in range(nc)]
-            for sp in (0.5, 0.0):
-                clear_autotune_cache()
-                mask = [torch.rand(m, k // g, device="cuda", generator=gen) >= sp for _ in range(nc)]
-                xz = [(a * mk.repeat_interleave(g, 1)).bfloat16() for a, mk in zip(x, mask, strict=True)]
-                variants = {
-                    "dense_row": [partial(F.linear, a, b) for a, b in zip(xz, wr, strict=True)],
-                    "dense_kmajor": [partial(F.linear, a, b) for a, b in zip(xz, wk, strict=True)],
-                }
-                if m <= 4:
-                    r = plan_route(mask[0])
-                    ref = routed_gemm_k_ref(xz[0].float(), w32[0], r, g)
-                    low = routed_gemm_k_ref(xz[0], wr[0], r, g)
-                    cands = {"wide_row": (wr, None), "wide_kmajor": (wk, None)}
-                    cands |= {f"wide_kmajor {c.kwargs} st{c.num_stages}": (wk, c) for c in SM._K_MAJOR}
-                    for name, (ws, c) in cands.items():
-                        cfg = None if c is None else {**c.kwargs, "num_stages": c.num_stages, "num_warps": c.num_warps}
-                        if cfg is not None and (g % cfg["BLOCK_K"] or cfg["SPLITS"] > k // g):
-                            continue
-                        fns = [partial(small_gemm_k, a, b, mk, g, config=cfg) for a, b, mk in zip(xz, ws, mask)]
-                        try:
-                            ok, e, bb = err_ok(fns[0](), ref, low)
-                            same = torch.equal(fns[0](), fns[0]())
-                        except Exception as exc:  # noqa: BLE001
-                            err = {"kind": "k_major", "op": op, "M": m, "variant": name, "error": repr(exc)[:300]}
-                            _keep(recs, err)
-                            continue
-                        if ok and same:
-                            variants[name] = fns
-                        else:
-                            recs.append({"kind": "k_major", "op": op, "M": m, "variant": name, "err": e,
-                                         "torch_err": bb, "repeat_identical": same, "rejected": True})  # fmt: skip
-                names = list(variants)
-                ms = time_together([variants[v] for v in names])
-                best_dense = min(ms[0], ms[1])
-                for v, t in zip(names, ms, strict=True):
-                    rec = {"kind": "k_major", "op": op, "M": m, "group_size": g, "sparsity": sp, "variant": v,
-                           "ms": t, "dense_row_ms": ms[0], "dense_kmajor_ms": ms[1],
-                           "speedup_vs_best_dense": best_dense / t, "copies": nc}  # fmt: skip
-                    _keep(recs, rec)
-
-
 def floor(recs: list) -> None:
     """Time per call of a trivial kernel in the harness (back-to-back in one graph): its fixed cost."""
     t = torch.zeros(1, device="cuda")
@@ -383,8 +325,6 @@ def main(out_dir: str) -> None:
         large_mn_variants(recs)
     if "pick" in parts:
         autotune_pick(recs)
-    if "kmajor" in parts:
-        k_major_variants(recs)
     if "prefill" in parts:
         prefill_variants(recs)
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "wall_s": time.time() - t0}
@@ -399,7 +339,7 @@ def main(out_dir: str) -> None:
             best[key] = r
     lines = ["| kind | op / B,T | M | sparsity | best config | wide ms | speed-up |", "|---|---|---|---|---|---|---|"]
     for (kind, op, m, b, ctx, spars), r in best.items():
-        sp = r.get("speedup") or r.get("speedup_vs_sdpa_default") or r.get("speedup_vs_best_dense")
+        sp = r.get("speedup") or r.get("speedup_vs_sdpa_default")
         conf = r.get("config"), r.get("num_splits")
         sp = float("nan") if sp is None else sp  # autotune_pick records carry no speed-up
         lines.append(f"| {kind} | {op or (b, ctx)} | {m} | {spars} | {conf} | {r['wide_ms']:.4f} | {sp:.2f} |")
