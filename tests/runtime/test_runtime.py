@@ -9,6 +9,7 @@ from tests.conftest import tiny_model
 from wide.config import WideConfig
 from wide.model import WideModel
 from wide.runtime import WideRuntime, generate
+from wide.runtime.model import fuse_linears
 
 
 def _routed(family: str, sparsity=0.5, seed=0):
@@ -58,6 +59,38 @@ def test_folded_router_heads_decide_like_the_routers():
     for i, r in enumerate(wm.routers):
         for j, router in enumerate((r.attn, r.ffn)):
             assert torch.equal(rt._decisions(rt.heads[i][j], h), router.skip_margin(h) <= 0)
+
+
+def test_fuse_linears_shares_storage_and_keeps_the_modules():
+    """One buffer for linears reading one input: module outputs unchanged, weights now views of it."""
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(6, 4, bias=True), torch.nn.Linear(6, 3, bias=False)
+    x = torch.randn(5, 6)
+    ya, yb = a(x), b(x)
+    extra = torch.randn(2, 6)
+    w, bias = fuse_linears([a, b], extra_rows=extra)
+    assert w.shape == (9, 6) and bias.shape == (9,)
+    assert torch.equal(bias[4:], torch.zeros(5))  # b has no bias, extra rows get 0
+    assert a.weight.data_ptr() == w.data_ptr() and b.weight.data_ptr() == w[4:].data_ptr()
+    torch.testing.assert_close(a(x), ya)
+    torch.testing.assert_close(b(x), yb)
+    y = torch.nn.functional.linear(x, w, bias)
+    torch.testing.assert_close(y[:, 7:], x @ extra.t())
+    assert fuse_linears([b])[1] is None
+
+
+@pytest.mark.parametrize("routed", [True, False])
+def test_runtime_shares_the_model_weights(routed):
+    """Building a runtime adds no second copy of the projection weights: the HF modules read the fused buffers."""
+    model, wm = _routed("qwen2")
+    rt = WideRuntime(wm, max_batch=1, max_seq=8, routed=routed)
+    at, w = model.model.layers[0].self_attn, rt.weights[0]
+    fused = w.wq if routed else w.w_qkv
+    assert at.q_proj.weight.data_ptr() == fused.data_ptr()
+    ids = torch.randint(0, 101, (1, 5))
+    with torch.no_grad(), wm.routing("argmax" if routed else "dense"):  # the HF modules over the shared weights
+        ref = wm(ids).logits[:, -1]
+    torch.testing.assert_close(rt.prefill(ids), ref, rtol=1e-4, atol=1e-4)
 
 
 def test_dense_runtime_matches_hf():

@@ -1,10 +1,17 @@
 """A lean inference model over the routed kernels, with a static KV cache (prefill + decode).
 
-It reads the weights of a Hugging Face Llama-family model in place (no copies) and the routers of a
-`WideModel`, and runs every prunable operator through `wide.kernels`:
+It takes the weights of a Hugging Face Llama-family model and the routers of a `WideModel`, and runs
+every prunable operator through `wide.kernels`:
 
-  attention: plan_route(mask) -> routed_gemm_mn (Q) -> routed attention -> routed_gemm_k (O)
-  FFN:       plan_route(mask) -> routed_swiglu (gate+up) -> routed_gemm_k (down)
+  attention: [K; V; router D->r] in one GEMM -> plan_route(mask) -> routed_gemm_mn (Q)
+             -> routed attention -> routed_gemm_k (O)
+  FFN:       router -> plan_route(mask) -> routed_swiglu (gate+up) -> routed_gemm_k (down)
+
+Projections that read the same input share one GEMM: dense runs [Q; K; V] and [gate; up] as one
+each (as serving engines do), WIDE runs K, V and the attention router's down-projection as one (the
+router reads the same normed hidden state as K/V), so a decode step launches fewer, larger GEMVs.
+The fused weights are row blocks of one buffer per layer; the Hugging Face modules' weights are
+re-pointed to views of it (same values, no second copy).
 
 `plan_route` runs the reorder only when M = B*T > DENSE_M (decode reads the mask directly). Q leaves
 its inactive heads unspecified (attention skips them); attention and SwiGLU write zeros there, so O
@@ -52,25 +59,26 @@ class StaticCache:
 
 
 class LayerWeights(NamedTuple):
-    """One decoder layer's tensors, read in place from the Hugging Face model (None: absent)."""
+    """One decoder layer's tensors (None: absent, or not used by this runtime's mode)."""
 
     ln_attn: torch.Tensor  # [D]
-    wq: torch.Tensor  # [Hq*d, D]
+    w_qkv: torch.Tensor | None  # dense: [Q; K; V] = [(Hq + 2 Hk)*d, D]
+    b_qkv: torch.Tensor | None
+    wq: torch.Tensor | None  # routed: [Hq*d, D]
     bq: torch.Tensor | None
-    wk: torch.Tensor  # [Hk*d, D]
-    bk: torch.Tensor | None
-    wv: torch.Tensor
-    bv: torch.Tensor | None
+    w_kvr: torch.Tensor | None  # routed: [K; V; attention router down] = [2 Hk*d + r, D]
+    b_kvr: torch.Tensor | None
     wo: torch.Tensor  # [D, Hq*d]
     bo: torch.Tensor | None
     q_norm: torch.Tensor | None  # [d] (Qwen3)
     k_norm: torch.Tensor | None
     ln_ffn: torch.Tensor  # [D]
-    w_gate: torch.Tensor  # [D', D]
-    w_up: torch.Tensor
+    w_gate_up: torch.Tensor | None  # dense: [gate; up] = [2 D', D]
+    w_gate: torch.Tensor | None  # routed: [D', D] each
+    w_up: torch.Tensor | None
     w_down: torch.Tensor  # [D, D']
-    head_attn: tuple | None  # folded router heads (WideRuntime._router_head); None when dense
-    head_ffn: tuple | None
+    margin_attn: tuple | None  # routed: (W_margin [Hk, r], b_margin [Hk]) of the attention router
+    head_ffn: tuple | None  # routed: the folded FFN router head (WideRuntime._router_head)
 
 
 class StepConfig(NamedTuple):
@@ -115,8 +123,14 @@ def router_decisions(head: tuple, h: torch.Tensor) -> torch.Tensor:
     head and the comparison stay fp32, as in training. In fp32 this is the masked path's decision up
     to rounding of the folded head; in bf16 a decision within rounding of its threshold can differ."""
     w_down, w_margin, b_margin = head
-    r = F.linear(h, w_down).float()  # [B, T, r]
-    return torch.addmm(b_margin, r.flatten(0, -2), w_margin.t()).view(*h.shape[:-1], -1) <= 0
+    return router_margin_decisions((w_margin, b_margin), F.linear(h, w_down))
+
+
+def router_margin_decisions(margin: tuple, r: torch.Tensor) -> torch.Tensor:
+    """r: [..., r] (the router's D -> r projection) -> execute mask [..., N_G] bool; fp32 margin head."""
+    w_margin, b_margin = margin
+    r2 = r.reshape(-1, r.shape[-1]).float()  # [M, r]
+    return torch.addmm(b_margin, r2, w_margin.t()).view(*r.shape[:-1], -1) <= 0
 
 
 def _attention(
@@ -124,19 +138,22 @@ def _attention(
 ) -> torch.Tensor:
     """x: [B, T, D] -> attention block output [B, T, D]; writes this layer's K/V into the cache."""
     b, t, _ = x.shape
-    h = rms_norm(x, w.ln_attn, st.eps)
-    h2 = h.reshape(b * t, -1)  # [M, D]
+    h2 = rms_norm(x, w.ln_attn, st.eps).reshape(b * t, -1)  # [M, D]
+    kv_width = st.n_kv * st.head_dim
     if st.routed:
-        mask = router_decisions(w.head_attn, h)  # [B, T, Hk]
+        kvr = F.linear(h2, w.w_kvr, w.b_kvr)  # [M, 2 Hk*d + r]: K, V and the router's D -> r in one GEMM
+        k, v, r = kvr.split([kv_width, kv_width, kvr.shape[-1] - 2 * kv_width], dim=-1)
+        mask = router_margin_decisions(w.margin_attn, r).view(b, t, -1)  # [B, T, Hk]
         route = K.plan_route(mask)
         q = K.routed_gemm_mn(h2, w.wq, route, st.g_attn, zero_inactive=False)  # attention ignores inactive heads
         if w.bq is not None:  # bias only where the group runs (inactive outputs stay 0)
             q = q + w.bq * mask.reshape(b * t, -1).repeat_interleave(st.g_attn, dim=-1).to(q.dtype)
     else:
-        mask, route, q = None, None, F.linear(h2, w.wq, w.bq)
-    k = F.linear(h2, w.wk, w.bk).view(b, t, st.n_kv, st.head_dim)
-    v = F.linear(h2, w.wv, w.bv).view(b, t, st.n_kv, st.head_dim)
-    q = q.view(b, t, st.n_q, st.head_dim)
+        mask, route = None, None
+        q, k, v = F.linear(h2, w.w_qkv, w.b_qkv).split([st.n_q * st.head_dim, kv_width, kv_width], dim=-1)
+    k = k.reshape(b, t, st.n_kv, st.head_dim)
+    v = v.reshape(b, t, st.n_kv, st.head_dim)
+    q = q.reshape(b, t, st.n_q, st.head_dim)
     if w.q_norm is not None:  # Qwen3
         q, k = rms_norm(q, w.q_norm, st.qk_eps), rms_norm(k, w.k_norm, st.qk_eps)
     q, k = _rope(q, cos, sin), _rope(k, cos, sin)
@@ -170,8 +187,8 @@ def _ffn(x: torch.Tensor, w: LayerWeights, st: StepConfig) -> torch.Tensor:
         a = K.routed_swiglu(h2, w.w_gate, w.w_up, route, st.g_ffn)  # zeros if inactive
         y = K.routed_gemm_k(a, w.w_down, route, st.g_ffn, algo=st.algo, x_zeroed=True)
     else:
-        a = F.silu(F.linear(h2, w.w_gate)) * F.linear(h2, w.w_up)
-        y = F.linear(a, w.w_down)
+        gate, up = F.linear(h2, w.w_gate_up).chunk(2, dim=-1)  # [M, D'] each, one GEMM
+        y = F.linear(F.silu(gate) * up, w.w_down)
     return y.view(b, t, -1)
 
 
@@ -191,6 +208,38 @@ def layer_step(
     step serves every layer."""
     x = x + _attention(x, cos, sin, pos, lens, w, ck, cv, st)
     return x + _ffn(x, w, st)
+
+
+def _rows(t: torch.Tensor | None, lo: int, hi: int | None) -> torch.Tensor | None:
+    return None if t is None else t[lo:hi]
+
+
+@torch.no_grad()
+def fuse_linears(linears: list, extra_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One [sum of out_features (+ extra rows), in] buffer holding the weights of ``linears`` (nn.Linear
+    reading the same input) one after another, and their biases (0 where absent; None if none has one).
+
+    Each module's weight (and bias) is re-pointed to its view of the buffer: same values, no second copy,
+    and the module keeps working. ``extra_rows`` (e.g. a router's D -> r projection) are appended with
+    bias 0; they belong to no module.
+    """
+    weights = [m.weight for m in linears] + ([extra_rows] if extra_rows is not None else [])
+    w = torch.cat([t.to(linears[0].weight.dtype) for t in weights])  # [sum N_i, D]
+    has_bias = any(m.bias is not None for m in linears)
+    b = None
+    if has_bias:
+        parts = [m.bias if m.bias is not None else m.weight.new_zeros(m.weight.shape[0]) for m in linears]
+        if extra_rows is not None:
+            parts.append(w.new_zeros(extra_rows.shape[0]))
+        b = torch.cat([p.to(w.dtype) for p in parts])
+    start = 0
+    for m in linears:
+        n = m.weight.shape[0]
+        m.weight.data = w[start : start + n]
+        if m.bias is not None:
+            m.bias.data = b[start : start + n]
+        start += n
+    return w, b
 
 
 class WideRuntime:
@@ -236,14 +285,24 @@ class WideRuntime:
         at, mlp = layer.self_attn, layer.mlp
         qn = getattr(at, "q_norm", None)
         kn = getattr(at, "k_norm", None)
+        nq = at.q_proj.weight.shape[0]
+        n_ffn = mlp.gate_proj.weight.shape[0]
+        if self.routed:  # [Q; K; V; attention router D -> r]: Q alone (routed), K, V and router together
+            w_down_attn, w_margin, b_margin = self.heads[i][0]
+            w_in, b_in = fuse_linears([at.q_proj, at.k_proj, at.v_proj], extra_rows=w_down_attn)
+            attn = (None, None, w_in[:nq], _rows(b_in, 0, nq), w_in[nq:], _rows(b_in, nq, None))
+            gu = fuse_linears([mlp.gate_proj, mlp.up_proj])[0]
+            ffn = (None, gu[:n_ffn], gu[n_ffn:])
+            heads = ((w_margin, b_margin), self.heads[i][1])
+        else:
+            w_in, b_in = fuse_linears([at.q_proj, at.k_proj, at.v_proj])
+            attn = (w_in, b_in, None, None, None, None)
+            ffn = (fuse_linears([mlp.gate_proj, mlp.up_proj])[0], None, None)
+            heads = (None, None)
         return LayerWeights(
-            layer.input_layernorm.weight,
-            at.q_proj.weight, at.q_proj.bias, at.k_proj.weight, at.k_proj.bias,
-            at.v_proj.weight, at.v_proj.bias, at.o_proj.weight, at.o_proj.bias,
+            layer.input_layernorm.weight, *attn, at.o_proj.weight, at.o_proj.bias,
             None if qn is None else qn.weight, None if kn is None else kn.weight,
-            layer.post_attention_layernorm.weight,
-            mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight,
-            self.heads[i][0] if self.routed else None, self.heads[i][1] if self.routed else None,
+            layer.post_attention_layernorm.weight, *ffn, mlp.down_proj.weight, *heads,
         )  # fmt: skip
 
     def _step_config(self, decode: bool) -> StepConfig:
