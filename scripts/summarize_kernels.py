@@ -182,18 +182,20 @@ def main() -> None:
         *harness_spread(rows),
         *decode_bandwidth(_auto(rows)),
         *attention_table(rows),
-        *e2e_table(),
+        *e2e_table(how="compiled layer step, commit db35a4c: dense fuses [Q;K;V] and [gate;up], WIDE [K;V;router]"),
+        *e2e_table("e2e-h200-5a231ce.json", "the same at commit 5a231ce, before the fused projections"),
         *e2e_table("e2e-eager-h200.json", "eager layer step, `--quick`, commit ddf6f57"),
         "Commands (H200 calls): kernels at commit 6799036 (kernel sources unchanged since ca2ca11), "
         "`VARIANTS_S=0 BENCH_S=400 TEST_S=175 E2E_S=0 PROFILE_S=0 bash scripts/device_kernels.sh "
         f"$OUT` (step `{meta['command']}`); GPU tests at 6799036: `VARIANTS_S=0 BENCH_S=0 TEST_S=420 E2E_S=0 "
         "PROFILE_S=0 bash scripts/device_kernels.sh $OUT` (`gpu-tests-h200.log`: 526 passed, 2 failed on an "
-        "Inductor cache race between pytest-xdist workers, fixed in tests/conftest.py and re-run with the fix: "
-        "`gpu-tests-runtime-h200.log`, tests/runtime/test_runtime.py, 15 passed); "
-        "profile at 6729301 with `WIDE_COMPILE=1 PROFILE_S=90` "
-        "(`profile-e2e-h200.txt`); e2e at commit 5a231ce, "
-        "`VARIANTS_S=0 BENCH_S=0 TEST_S=200 E2E_S=330 PROFILE_S=0 E2E_ARGS=--compile bash scripts/device_kernels.sh "
-        "$OUT` (step `wide bench e2e --compile`); eager e2e: "
+        "Inductor cache race between pytest-xdist workers, fixed in tests/conftest.py); "
+        "profile at 6729301 with `WIDE_COMPILE=1 PROFILE_S=90` (`profile-e2e-h200.txt`); e2e at db35a4c "
+        "`VARIANTS_S=0 BENCH_S=0 TEST_S=0 E2E_S=270 PROFILE_S=0 E2E_ARGS=--compile bash scripts/device_kernels.sh "
+        "$OUT`, at 5a231ce the same with `TEST_S=200 E2E_S=330` "
+        "(step `wide bench e2e --compile`); the runtime's GPU tests at db35a4c: "
+        "`WIDE_AUTOTUNE_MAX=1 python3 -m pytest -m 'not slow' -n 8 tests/runtime/test_runtime.py` after "
+        "`source scripts/device_setup.sh` (`gpu-tests-runtime-h200.log`, 18 passed); eager e2e: "
         "`wide bench e2e --quick`. Tables: `python scripts/summarize_kernels.py`.",
     ]
     (RES / "kernels-h200.summary.md").write_text("\n".join(md) + "\n")

@@ -93,6 +93,19 @@ def test_runtime_shares_the_model_weights(routed):
     torch.testing.assert_close(rt.prefill(ids), ref, rtol=1e-4, atol=1e-4)
 
 
+def test_model_saves_and_reloads_after_a_runtime_shared_its_weights(tmp_path):
+    model, wm = _routed("llama")
+    WideRuntime(wm, max_batch=1, max_seq=8)
+    ids = torch.randint(0, 101, (1, 6))
+    with torch.no_grad(), wm.routing("dense"):
+        ref = model(ids).logits
+    wm.detach()
+    model.save_pretrained(tmp_path)  # safetensors: the fused views are saved as separate tensors
+    again = type(model).from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids).logits, ref)
+
+
 def test_dense_runtime_matches_hf():
     model, wm = _routed("llama")
     ids = torch.randint(0, 101, (1, 6))

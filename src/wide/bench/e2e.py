@@ -15,6 +15,7 @@ import time
 import torch
 
 from wide.config import WideConfig
+from wide.kernels import clear_autotune_cache
 from wide.model import WideModel
 from wide.runtime import GraphedDecode, WideRuntime
 from wide.train.threshold_fit import collect_margins, fit_offsets
@@ -155,6 +156,7 @@ def run_e2e_bench(
             with torch.no_grad():
                 wm(probe)
             real = wm.stop_meter()
+            clear_autotune_cache()  # tune the routed kernels on this level's masks, as a deployment would
             r = measure(wm, True, **kw)
             rows.append(
                 {

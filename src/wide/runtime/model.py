@@ -246,8 +246,11 @@ class WideRuntime:
     """Prefill / decode over a static cache; routed through the kernels (or dense with routed=False).
 
     The weight tensors and folded router heads are taken when the runtime is built: build it after
-    calibration, threshold fits and LoRA merges. ``compile=True``: the layer step runs through
-    ``torch.compile`` (first calls compile; raises dynamo's recompile limit to 64 for the process)."""
+    calibration, threshold fits and LoRA merges. Building it re-points the model's q/k/v and gate/up
+    weights to views of per-layer fused buffers (``fuse_linears``): the model computes as before and
+    ``save_pretrained`` still works (it clones tensors that share a buffer). ``compile=True``: the layer
+    step runs through ``torch.compile`` (first calls compile; raises dynamo's recompile limit to 64 for
+    the process)."""
 
     def __init__(
         self,
