@@ -132,6 +132,17 @@ def gemm_variants(recs: list, m: int, ops: tuple[str, ...] = ("q", "gate_up", "o
             print(json.dumps(rec), flush=True)
 
 
+def _large_inputs(op: str, m: int, gen: torch.Generator):
+    """(SwiGLU?, copies, weights, up weights, inputs): bf16 copies of one large-M GEMM-MN case, together > L2."""
+    n, k, _ = SHAPES[op]
+    sw = op == "gate_up"
+    nc = copies_for(n * k * 2 * (2 if sw else 1) + m * k * 2)
+    w = [torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) / k**0.5 for _ in range(nc)]
+    w2 = [torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) / k**0.5 for _ in range(nc)]
+    x = [torch.randn(m, k, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(nc)]
+    return sw, nc, w, w2, x
+
+
 def large_mn_variants(recs: list, m: int = 4096) -> None:
     """Sorted GEMM-MN tile configs at large M, 50% and 0%: each forced as the only autotune candidate."""
     from wide.kernels import clear_autotune_cache
@@ -142,12 +153,8 @@ def large_mn_variants(recs: list, m: int = 4096) -> None:
     saved = list(GM._LARGE)
     cands = saved + [GM._cfg(64, 256, 64, 4, 8, tma=True), GM._cfg(128, 128, 64, 5, 8, tma=True),
                      GM._cfg(256, 128, 64, 3, 8, tma=True), GM._cfg(128, 256, 64, 4, 8, tma=True)]  # fmt: skip
-    for op, (n, k, g) in (("q", SHAPES["q"]), ("gate_up", SHAPES["gate_up"])):
-        sw = op == "gate_up"
-        nc = copies_for(n * k * 2 * (2 if sw else 1) + m * k * 2)
-        w = [torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) / k**0.5 for _ in range(nc)]
-        w2 = [torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) / k**0.5 for _ in range(nc)]
-        x = [torch.randn(m, k, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(nc)]
+    for op, (n, _, g) in (("q", SHAPES["q"]), ("gate_up", SHAPES["gate_up"])):
+        sw, nc, w, w2, x = _large_inputs(op, m, gen)
         if sw:
             dense = time_graph(
                 [lambda a=a, b=b, c=c: F.silu(F.linear(a, b)) * F.linear(a, c) for a, b, c in zip(x, w, w2)]
@@ -269,12 +276,8 @@ def autotune_pick(recs: list, m: int = 4096) -> None:
 
     gen = torch.Generator(device="cuda").manual_seed(9)
     tuner = GM._gemm_mn_tuned
-    for op, (n, k, g) in (("gate_up", SHAPES["gate_up"]), ("q", SHAPES["q"])):
-        sw = op == "gate_up"
-        nc = copies_for(n * k * 2 * (2 if sw else 1) + m * k * 2)
-        w = [torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) / k**0.5 for _ in range(nc)]
-        w2 = [torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) / k**0.5 for _ in range(nc)]
-        x = [torch.randn(m, k, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(nc)]
+    for op, (n, _, g) in (("gate_up", SHAPES["gate_up"]), ("q", SHAPES["q"])):
+        sw, nc, w, w2, x = _large_inputs(op, m, gen)
         for sp in (0.5, 0.0):
             masks = [torch.rand(m, n // g, device="cuda", generator=gen) >= sp for _ in range(nc)]
             routes = [reorder(mk) for mk in masks]
