@@ -289,13 +289,11 @@ class WideRuntime:
         qn = getattr(at, "q_norm", None)
         kn = getattr(at, "k_norm", None)
         nq = at.q_proj.weight.shape[0]
-        n_ffn = mlp.gate_proj.weight.shape[0]
         if self.routed:  # [Q; K; V; attention router D -> r]: Q alone (routed), K, V and router together
             w_down_attn, w_margin, b_margin = self.heads[i][0]
             w_in, b_in = fuse_linears([at.q_proj, at.k_proj, at.v_proj], extra_rows=w_down_attn)
             attn = (None, None, w_in[:nq], _rows(b_in, 0, nq), w_in[nq:], _rows(b_in, nq, None))
-            gu = fuse_linears([mlp.gate_proj, mlp.up_proj])[0]
-            ffn = (None, gu[:n_ffn], gu[n_ffn:])
+            ffn = (None, mlp.gate_proj.weight, mlp.up_proj.weight)  # routed SwiGLU reads both anyway
             heads = ((w_margin, b_margin), self.heads[i][1])
         else:
             w_in, b_in = fuse_linears([at.q_proj, at.k_proj, at.v_proj])
