@@ -5,7 +5,8 @@
 # prefill / decode. Each step has its own time limit (0 skips it) so that a slow step cannot take the
 # others' results with it.
 # Usage (repo root): BENCH_S=150 TEST_S=180 E2E_S=60 PROFILE_S=90 bash scripts/device_kernels.sh OUT
-#   E2E_ARGS (default --quick) go to `wide bench e2e`, e.g. "--compile"; WIDE_COMPILE=1 profiles the compiled step.
+#   E2E_ARGS (default --quick) go to `wide bench e2e`, e.g. "--compile"; WIDE_COMPILE=1 profiles the compiled step;
+#   PROFILE_ARGS ("PROMPT RATE", default "4096 0.5") go to scripts/profile_e2e.py.
 #   BENCH_FULL=0 runs the quick sweep; VARIANTS_S=200 first runs scripts/decode_variants.py (decode
 #   kernel configs, each error-checked, then timed). The tests run every (non-slow) test of the kernel
 #   and runtime files on the GPU with WIDE_AUTOTUNE_MAX=1 (one config per kernel: compile time
@@ -39,6 +40,6 @@ if [ "$E2E_S" -gt 0 ]; then
   echo "e2e rc=$? $(since)"; grep "^{" "$OUT/e2e.log" | cut -c1-330
 fi
 if [ "$PROFILE_S" -gt 0 ]; then
-  timeout "$PROFILE_S" python3 scripts/profile_e2e.py "$OUT" > "$OUT/profile.log" 2>&1
+  timeout "$PROFILE_S" python3 scripts/profile_e2e.py "$OUT" ${PROFILE_ARGS:-} > "$OUT/profile.log" 2>&1
   echo "profile rc=$? $(since)"; grep "^===" "$OUT/profile.log"
 fi

@@ -1,14 +1,18 @@
 """Where the end-to-end time goes: torch.profiler over one prefill and one decode step (GPU).
 
-Llama-3.1-8B shapes, random weights, routers fitted to skip 50%; dense and WIDE through `WideRuntime`.
-Writes the top CUDA kernels by total time and the kernel count per call to OUT/profile_e2e.txt.
-Usage: PYTHONPATH=src python3 scripts/profile_e2e.py OUT [PROMPT]
+Llama-3.1-8B shapes, random weights, routers fitted to skip RATE (default 0.5); dense and WIDE through
+`WideRuntime`. Writes the top CUDA kernels by total time, the kernel count per call, and per call the
+summed kernel time, the host time to issue the call and its wall time (issue + finish): a wall time
+near the host time and well above the kernel time means the call is bound by the host, not the GPU.
+Output: OUT/profile_e2e.txt. Usage: PYTHONPATH=src python3 scripts/profile_e2e.py OUT [PROMPT] [RATE]
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import sys
+import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -37,7 +41,8 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def _profile(fn, reps: int = 3) -> tuple[str, int]:
+def _profile(fn, reps: int = 3) -> tuple[str, int, float]:
+    """(top-25 table, kernels per call, summed kernel ms per call)."""
     fn()
     _sync()
     with profile(activities=[ProfilerActivity.CUDA if CUDA else ProfilerActivity.CPU]) as prof:
@@ -46,9 +51,25 @@ def _profile(fn, reps: int = 3) -> tuple[str, int]:
         _sync()
     events = prof.key_averages()
     kind = torch.autograd.DeviceType.CUDA if CUDA else torch.autograd.DeviceType.CPU
-    n_kernels = sum(e.count for e in events if e.device_type == kind) // reps
+    kernels = [e for e in events if e.device_type == kind]
+    n_kernels = sum(e.count for e in kernels) // reps
+    kernel_ms = sum(e.self_device_time_total for e in kernels) / reps / 1e3 if CUDA else float("nan")
     sort = "cuda_time_total" if CUDA else "cpu_time_total"
-    return events.table(sort_by=sort, row_limit=25), n_kernels
+    return events.table(sort_by=sort, row_limit=25), n_kernels, kernel_ms
+
+
+def _host_and_wall_ms(fn, reps: int = 5) -> tuple[float, float]:
+    """Median host ms to issue one call (no sync) and its wall ms (issue + wait for the GPU)."""
+    host, wall = [], []
+    for _ in range(reps):
+        _sync()
+        t0 = time.perf_counter()
+        fn()
+        t1 = time.perf_counter()
+        _sync()
+        host.append((t1 - t0) * 1e3)
+        wall.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(host), statistics.median(wall)
 
 
 COMPILE = os.environ.get("WIDE_COMPILE", "0") == "1"  # profile the torch.compile'd layer step
@@ -57,11 +78,12 @@ COMPILE = os.environ.get("WIDE_COMPILE", "0") == "1"  # profile the torch.compil
 def main() -> None:
     out = sys.argv[1]
     prompt = int(sys.argv[2]) if len(sys.argv) > 2 else 4096
+    rate = float(sys.argv[3]) if len(sys.argv) > 3 else 0.5
     model = build_model(SHAPE, DEV, torch.bfloat16 if CUDA else torch.float32)
     wm = WideModel(model, WideConfig(ffn_group_size=128))
     vocab = SHAPE["vocab_size"]
     probe = torch.randint(0, vocab, (1, 512), device=DEV)
-    routers_at(wm, 0.5, probe)
+    routers_at(wm, rate, probe)
     ids = torch.randint(0, vocab, (1, prompt), device=DEV)
     step = torch.randint(0, vocab, (1, 1), device=DEV)
     lines = []
@@ -77,8 +99,12 @@ def main() -> None:
             rt.decode(step)
 
         for name, fn in (("prefill", prefill), ("decode", decode)):
-            table, n = _profile(fn)
-            head = f"=== {'WIDE 50%' if routed else 'dense'} {name} (prompt {prompt}): {n} CUDA kernels per call"
+            table, n, kernel_ms = _profile(fn)
+            host_ms, wall_ms = _host_and_wall_ms(fn)
+            head = (
+                f"=== {f'WIDE {rate:.0%}' if routed else 'dense'} {name} (prompt {prompt}): {n} CUDA kernels per "
+                f"call; per call: kernels {kernel_ms:.2f} ms, host issue {host_ms:.2f} ms, wall {wall_ms:.2f} ms"
+            )
             print(head, flush=True)
             lines += [head, table, ""]
         del rt
