@@ -40,8 +40,9 @@ def _md(rows: list[dict], meta: dict) -> str:
         "",
         "Timing (`wide.bench.timing.time_calls`): a CUDA graph of back-to-back calls (~3 ms of work) "
         "cycling through copies of weights, inputs and masks that together exceed the L2 cache, median "
-        "of 9 replays, per call: an operator as it runs inside a decode step's graph, weights from HBM. "
-        "The dense baseline is re-timed with each WIDE variant, their replays interleaved. "
+        "replay per call: an operator as it runs inside a decode step's graph, weights from HBM. GEMMs: "
+        "the dense baseline is re-timed with each WIDE variant, their 9 replays interleaved; attention and "
+        "reorder: each variant timed on its own, 7 replays. "
         "Each sparsity level is autotuned afresh on its own masks. Dense = "
         "cuBLAS `F.linear` (gate_up: two `F.linear` + `silu*mul`) in the same run, bf16. Masks: i.i.d. "
         "random per (token, group), one per input copy (active_fraction: their mean). "

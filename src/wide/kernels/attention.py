@@ -11,8 +11,8 @@ so no separate zero-fill runs. Tiles are launched from the last (heaviest under 
 Decode: split-KV flash-decoding, one program per (b, g, split); an inactive (b, g) reads no KV. A
 small reduce kernel combines the splits by log-sum-exp (skipped when there is one split). Merging
 inside the split kernel instead (the last split of a group merges, as the decode GEMMs reduce) measured
-slower on the H200: B 1, ctx 32,768 at 50%, 0.029 ms against 0.020 ms for the two kernels
-(bench/results/decode-variants-h200.json vs kernels-h200.json): the merging program reads the
+slower on the H200: B 1, ctx 32,768 at 50%, 0.028 ms against 0.021 ms with the reduce kernel in the same
+run (bench/results/experiments/decode-balanced-h200.json, commit 33425f0): the merging program reads the
 NS x HPG partials after its own split, where the reduce kernel spreads them over B*Hq programs.
 
 Dispatch: Triton on CUDA; on CPU Triton's interpreter when TRITON_INTERPRET=1 at import, else the
