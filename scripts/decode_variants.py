@@ -7,7 +7,7 @@ copies in one CUDA graph). Also sweeps the sorted GEMM-MN tile configs at M = 40
 routed prefill attention launch configs ('prefill'). Writes OUT/decode_variants.json (one record per
 variant) and a short markdown table.
 Usage: python3 scripts/decode_variants.py OUT_DIR [PARTS]   (PARTS: comma list of
-gemm1,gemm4,attn,large,pick,prefill,down32; default gemm1,gemm4,attn)
+gemm1,gemm4,attn,large,pick,prefill,down32,router; default gemm1,gemm4,attn)
 """
 
 from __future__ import annotations
@@ -305,6 +305,48 @@ def autotune_pick(recs: list, m: int = 4096) -> None:
     clear_autotune_cache()
 
 
+def router_variants(recs: list) -> None:
+    """Router decisions at decode (Llama-3.1-8B: D 4096, r 32; FFN 112 groups (G 128), attention 8):
+    the torch path the runtime ran (cuBLAS projection + fp32 head + compare) against the one-launch
+    kernel at several configs; decisions checked equal away from the threshold."""
+    from wide.kernels.router import margin_decisions, margin_decisions_ref, router_decisions, router_decisions_ref
+
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    d, r = 4096, 32
+    for ng in (112, 8):
+        w_down = torch.randn(r, d, device="cuda", generator=gen).div_(d**0.5).bfloat16()
+        w_margin = torch.randn(ng, r, device="cuda", generator=gen) / r**0.5
+        b_margin = 0.1 * torch.randn(ng, device="cuda", generator=gen)
+        for m in (1, 16):
+            hs = [torch.randn(m, d, device="cuda", generator=gen).bfloat16() for _ in range(8)]
+            torch_ms = time_graph([partial(router_decisions_ref, h, w_down, w_margin, b_margin) for h in hs])
+            ref = router_decisions_ref(hs[0], w_down, w_margin, b_margin)
+            margin = (hs[0].float() @ w_down.float().t()).bfloat16().float() @ w_margin.t() + b_margin
+            confs = [None] + [
+                {"BLOCK_D": bd, "SPLITS": sp, "num_warps": 4} for bd in (64, 128, 256) for sp in (4, 8, 16, 32)
+            ]
+            for conf in confs:
+                if conf is not None and d // conf["SPLITS"] < conf["BLOCK_D"]:
+                    continue
+                rec = {"kind": "router", "op": f"router N_G {ng}", "M": m, "config": conf, "torch_ms": torch_ms}
+                out = router_decisions(hs[0], w_down, w_margin, b_margin, config=conf)
+                rec["decisions_differ"] = int((out != ref).sum())
+                rec["differ_away_from_threshold"] = int(((out != ref) & (margin.abs() > 2e-2)).sum())
+                fns = [partial(router_decisions, h, w_down, w_margin, b_margin, config=conf) for h in hs]
+                rec["wide_ms"] = time_graph(fns)
+                rec["speedup"] = torch_ms / rec["wide_ms"]
+                _keep(recs, rec)
+            rs = [torch.randn(m, 2 * 1024 + r, device="cuda", generator=gen).bfloat16()[:, 2048:] for _ in range(8)]
+            rec = {"kind": "router", "op": f"margin N_G {ng}", "M": m, "config": None}
+            rec["torch_ms"] = time_graph([partial(margin_decisions_ref, x, w_margin, b_margin) for x in rs])
+            rec["decisions_differ"] = int(
+                (margin_decisions(rs[0], w_margin, b_margin) != margin_decisions_ref(rs[0], w_margin, b_margin)).sum()
+            )
+            rec["wide_ms"] = time_graph([partial(margin_decisions, x, w_margin, b_margin) for x in rs])
+            rec["speedup"] = rec["torch_ms"] / rec["wide_ms"]
+            _keep(recs, rec)
+
+
 def floor(recs: list) -> None:
     """Time per call of a trivial kernel in the harness (back-to-back in one graph): its fixed cost."""
     t = torch.zeros(1, device="cuda")
@@ -330,6 +372,8 @@ def main(out_dir: str) -> None:
         autotune_pick(recs)
     if "prefill" in parts:
         prefill_variants(recs)
+    if "router" in parts:
+        router_variants(recs)
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "wall_s": time.time() - t0}
     with open(f"{out_dir}/decode_variants.json", "w") as f:
         json.dump({"meta": meta, "records": recs}, f, indent=1)

@@ -4,6 +4,7 @@ One `plan_route(mask)` per routing decision (the `reorder` index when M > DENSE_
 small-M and mid-M kernels read the mask) gives a RouteIndex shared by the operators of that decision:
   attention: routed_gemm_mn (Q) -> routed_attention_prefill / _decode -> routed_gemm_k (O)
   FFN:       routed_swiglu (gate+up, fused) -> routed_gemm_k (down)
+The decisions themselves: router_decisions (projection + margin head) / margin_decisions, one launch at decode.
 Every op is a `torch.library` custom op in the `wide::` namespace (torch.compile / CUDA-graph safe, no
 host syncs); on CPU tensors the torch reference runs unless TRITON_INTERPRET=1.
 """
@@ -20,6 +21,7 @@ from wide.kernels.reference import (
     routed_swiglu_ref,
 )
 from wide.kernels.reorder import RouteIndex, has_index, plan_route, reorder, reorder_reference, route_mask
+from wide.kernels.router import margin_decisions, margin_decisions_ref, router_decisions, router_decisions_ref
 
 
 def clear_autotune_cache() -> None:
@@ -49,10 +51,14 @@ __all__ = [
     "gather_scatter_gemm_k",
     "gather_scatter_gemm_n",
     "has_index",
+    "margin_decisions",
+    "margin_decisions_ref",
     "plan_route",
     "reorder",
     "reorder_reference",
     "route_mask",
+    "router_decisions",
+    "router_decisions_ref",
     "routed_attention_decode",
     "routed_attention_prefill",
     "routed_gemm_k",

@@ -117,20 +117,18 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 def router_decisions(head: tuple, h: torch.Tensor) -> torch.Tensor:
     """h: [B, T, D] -> execute mask [B, T, N_G] bool (argmax routing) from a folded router head.
 
-    The D -> r projection runs in h's dtype (cuBLAS accumulates in fp32): an fp32 copy of h would
-    cost more than the projection (fp32 router GEMMs + casts: ~5 ms of a 4,096-token Llama-8B prefill
-    in bench/results/reverted-eec4a8a/profile_e2e.txt). The margin
-    head and the comparison stay fp32, as in training. In fp32 this is the masked path's decision up
-    to rounding of the folded head; in bf16 a decision within rounding of its threshold can differ."""
-    w_down, w_margin, b_margin = head
-    return router_margin_decisions((w_margin, b_margin), F.linear(h, w_down))
+    The D -> r projection runs in h's dtype (fp32 accumulation): an fp32 copy of h would cost more
+    than the projection (fp32 router GEMMs + casts: ~5 ms of a 4,096-token Llama-8B prefill in
+    bench/results/reverted-eec4a8a/profile_e2e.txt). The margin head and the comparison stay fp32, as
+    in training. In fp32 this is the masked path's decision up to rounding of the folded head; in bf16
+    a decision within rounding of its threshold can differ. At decode one Triton launch
+    (``wide.kernels.router``)."""
+    return K.router_decisions(h, *head)
 
 
 def router_margin_decisions(margin: tuple, r: torch.Tensor) -> torch.Tensor:
     """r: [..., r] (the router's D -> r projection) -> execute mask [..., N_G] bool; fp32 margin head."""
-    w_margin, b_margin = margin
-    r2 = r.reshape(-1, r.shape[-1]).float()  # [M, r]
-    return torch.addmm(b_margin, r2, w_margin.t()).view(*r.shape[:-1], -1) <= 0
+    return K.margin_decisions(r, *margin)
 
 
 def _attention(
