@@ -31,16 +31,21 @@ if HAS_TRITON:
     from ._split_reduce import arrive, sum_partials
 
 ROUTER_BLOCK_M = 16  # tensor-core minimum: rows M..15 are padding
-MARGIN_BLOCK_G = 64  # groups per step of the margin head
+MARGIN_MAX_BLOCK_G = 128  # groups per step of the margin head (one step for Llama's 112 FFN groups)
 MAX_RANK = 128
 
 
 def default_config(d: int) -> dict:
-    """(BLOCK_D, SPLITS, num_warps): ~256 columns of D per program, at most 16 programs."""
+    """(BLOCK_D, SPLITS, num_warps): >= 512 columns of D per program, at most 8 programs (H200 sweep
+    at D 4096, bench/results/router-h200.json: 4-8 splits of 128-wide tiles fastest, 16-32 slower)."""
     splits = 1
-    while splits < 16 and splits * 2 * 256 <= d:
+    while splits < 8 and splits * 2 * 512 <= d:
         splits *= 2
     return {"BLOCK_D": 128, "SPLITS": splits, "num_warps": 4}
+
+
+def _block_g(ng: int) -> int:
+    return min(max(16, next_pow2(ng)), MARGIN_MAX_BLOCK_G)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -64,21 +69,33 @@ def router_decisions_ref(
 if HAS_TRITON:
 
     @triton.jit
-    def _margin_store(r, wm_ptr, bm_ptr, out_ptr, M, NG, R, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
-                      BLOCK_G: tl.constexpr):  # fmt: skip
-        """r: [BLOCK_M, BLOCK_R] fp32 (columns >= R are 0) -> out[m, g] = (r[m]·W_margin[g] + b[g] <= 0)."""
-        offs_m = tl.arange(0, BLOCK_M)
+    def _load_head(wm_ptr, bm_ptr, g0, NG, R, BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr):
+        """Groups [g0, g0 + BLOCK_G) of the margin head: W_margin [BLOCK_G, BLOCK_R], b [BLOCK_G] (fp32)."""
+        offs_g = g0 + tl.arange(0, BLOCK_G)
         offs_r = tl.arange(0, BLOCK_R)
+        in_g = offs_g < NG
+        wm = tl.load(
+            wm_ptr + offs_g[:, None] * R + offs_r[None, :], mask=in_g[:, None] & (offs_r < R)[None, :], other=0.0
+        )
+        return wm, tl.load(bm_ptr + offs_g, mask=in_g, other=0.0)
+
+    @triton.jit
+    def _margin_store(r, wm0, b0, wm_ptr, bm_ptr, out_ptr, M, NG, R, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
+                      BLOCK_G: tl.constexpr):  # fmt: skip
+        """r: [BLOCK_M, BLOCK_R] fp32 (columns >= R are 0) -> out[m, g] = (r[m]·W_margin[g] + b[g] <= 0).
+
+        wm0 / b0: the first BLOCK_G groups, loaded by the caller ahead of time (their latency hides
+        behind the projection); further blocks are loaded here."""
+        offs_m = tl.arange(0, BLOCK_M)
         in_m = offs_m < M
-        in_r = offs_r < R
+        wm, bias = wm0, b0
         for g0 in range(0, NG, BLOCK_G):
+            if g0 > 0:
+                wm, bias = _load_head(wm_ptr, bm_ptr, g0, NG, R, BLOCK_R, BLOCK_G)
             offs_g = g0 + tl.arange(0, BLOCK_G)
-            in_g = offs_g < NG
-            wm = tl.load(wm_ptr + offs_g[:, None] * R + offs_r[None, :], mask=in_g[:, None] & in_r[None, :], other=0.0)
-            bias = tl.load(bm_ptr + offs_g, mask=in_g, other=0.0)
             margin = tl.dot(r, tl.trans(wm), input_precision="ieee") + bias[None, :]  # [BLOCK_M, BLOCK_G]
             run = (margin <= 0).to(tl.uint8)
-            tl.store(out_ptr + offs_m[:, None] * NG + offs_g[None, :], run, mask=in_m[:, None] & in_g[None, :])
+            tl.store(out_ptr + offs_m[:, None] * NG + offs_g[None, :], run, mask=in_m[:, None] & (offs_g < NG)[None, :])
 
     @triton.jit
     def _router_kernel(
@@ -107,6 +124,7 @@ if HAS_TRITON:
         offs_r = tl.arange(0, BLOCK_R)
         in_m = offs_m < M
         in_r = offs_r < R
+        wm0, b0 = _load_head(wm_ptr, bm_ptr, 0, NG, R, BLOCK_R, BLOCK_G)  # used by the last program only
         d_per = tl.cdiv(tl.cdiv(D, SPLITS), BLOCK_D) * BLOCK_D
         d_lo = s * d_per
         d_hi = tl.minimum(d_lo + d_per, D)
@@ -121,7 +139,7 @@ if HAS_TRITON:
             acc = tl.dot(a, tl.trans(b), acc, input_precision=PREC)
         if SPLITS == 1:
             r = acc.to(h_ptr.dtype.element_ty).to(tl.float32)  # F.linear's output dtype
-            _margin_store(r, wm_ptr, bm_ptr, out_ptr, M, NG, R, BLOCK_M, BLOCK_R, BLOCK_G)
+            _margin_store(r, wm0, b0, wm_ptr, bm_ptr, out_ptr, M, NG, R, BLOCK_M, BLOCK_R, BLOCK_G)
         else:
             tile = BLOCK_M * BLOCK_R
             offs_t = offs_m[:, None] * BLOCK_R + offs_r[None, :]
@@ -129,7 +147,7 @@ if HAS_TRITON:
             if arrive(cnt_ptr, SPLITS):
                 red = sum_partials(ws_ptr, tile, BLOCK_M, SPLITS, BLOCK_M, BLOCK_R)
                 r = red.to(h_ptr.dtype.element_ty).to(tl.float32)
-                _margin_store(r, wm_ptr, bm_ptr, out_ptr, M, NG, R, BLOCK_M, BLOCK_R, BLOCK_G)
+                _margin_store(r, wm0, b0, wm_ptr, bm_ptr, out_ptr, M, NG, R, BLOCK_M, BLOCK_R, BLOCK_G)
 
     @triton.jit
     def _margin_kernel(
@@ -139,8 +157,9 @@ if HAS_TRITON:
         offs_m = tl.arange(0, BLOCK_M)
         offs_r = tl.arange(0, BLOCK_R)
         mask = (offs_m < M)[:, None] & (offs_r < R)[None, :]
+        wm0, b0 = _load_head(wm_ptr, bm_ptr, 0, NG, R, BLOCK_R, BLOCK_G)
         r = tl.load(r_ptr + offs_m[:, None] * stride_rm + offs_r[None, :], mask=mask, other=0.0).to(tl.float32)
-        _margin_store(r, wm_ptr, bm_ptr, out_ptr, M, NG, R, BLOCK_M, BLOCK_R, BLOCK_G)
+        _margin_store(r, wm0, b0, wm_ptr, bm_ptr, out_ptr, M, NG, R, BLOCK_M, BLOCK_R, BLOCK_G)
 
 
 def _check_head(r: int, w_margin: torch.Tensor, b_margin: torch.Tensor) -> None:
@@ -170,7 +189,7 @@ def _router_triton(h, w_down, w_margin, b_margin, config: dict | None):
     prec = "ieee" if h.dtype == torch.float32 else "tf32"
     _router_kernel[(splits,)](
         h, w_down, w_margin, b_margin, out.view(torch.uint8), ws, cnt, m, d, r, ng, h.stride(0), w_down.stride(0),
-        PREC=prec, BLOCK_M=ROUTER_BLOCK_M, BLOCK_R=block_r, BLOCK_G=MARGIN_BLOCK_G, **conf,
+        PREC=prec, BLOCK_M=ROUTER_BLOCK_M, BLOCK_R=block_r, BLOCK_G=_block_g(ng), **conf,
     )  # fmt: skip
     return out
 
@@ -183,7 +202,7 @@ def _margin_triton(r, w_margin, b_margin):
         return out
     _margin_kernel[(1,)](
         r, w_margin, b_margin, out.view(torch.uint8), m, ng, rank, r.stride(0),
-        BLOCK_M=ROUTER_BLOCK_M, BLOCK_R=max(16, next_pow2(rank)), BLOCK_G=MARGIN_BLOCK_G, num_warps=4,
+        BLOCK_M=ROUTER_BLOCK_M, BLOCK_R=max(16, next_pow2(rank)), BLOCK_G=_block_g(ng), num_warps=4,
     )  # fmt: skip
     return out
 
