@@ -8,7 +8,7 @@ import torch
 from tests.conftest import tiny_model
 from wide.config import WideConfig
 from wide.model import WideModel
-from wide.runtime import WideRuntime, generate
+from wide.runtime import GraphedPrefill, WideRuntime, generate
 from wide.runtime.model import fuse_linears
 
 
@@ -181,3 +181,30 @@ def test_compiled_cuda_graph_decode_on_gpu(routed):
     if not routed:  # (routed: a decision within bf16 rounding of its threshold may flip between the two)
         eager = WideRuntime(wm, max_batch=3, max_seq=32, routed=False)
         torch.testing.assert_close(comp.prefill(ids), eager.prefill(ids), rtol=0.05, atol=0.05)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("compile", [False, True])
+@pytest.mark.parametrize("routed", [True, False])
+def test_graphed_prefill_equals_eager_on_gpu(routed, compile):
+    """A prefill replayed from its CUDA graph gives the eager prefill's logits and cache (same kernels; the
+    tolerance only covers a cuBLAS algorithm picked differently under capture); M = 320 tokens takes the
+    sorted (reorder) path of the routed kernels. Other prompt shapes are refused."""
+    model, wm = _routed("llama", seed=5)
+    model.to("cuda", torch.bfloat16)
+    wm.routers.to("cuda")
+    ids = torch.randint(0, 101, (2, 160), device="cuda")
+    rt = WideRuntime(wm, max_batch=2, max_seq=192, routed=routed, compile=compile)
+    rt.cache.reset()
+    eager = rt.prefill(ids).clone()
+    k_eager, lens_eager = rt.cache.k.clone(), rt.cache.lens.clone()
+    graphed = GraphedPrefill(rt, 2, 160)
+    rt.cache.reset()
+    rt.cache.k.zero_()
+    out = graphed(ids)
+    torch.testing.assert_close(out, eager, rtol=1e-2, atol=1e-2)
+    assert torch.equal(out.argmax(-1), eager.argmax(-1))
+    torch.testing.assert_close(rt.cache.k, k_eager, rtol=1e-2, atol=1e-2)
+    assert torch.equal(rt.cache.lens, lens_eager)
+    with pytest.raises(ValueError, match="serves prompts"):
+        graphed(ids[:, :100])

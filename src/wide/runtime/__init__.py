@@ -1,6 +1,9 @@
-"""Inference runtime: static KV cache, routed prefill / decode through the kernels, CUDA-graph decode."""
+"""Inference runtime: static KV cache, routed prefill / decode through the kernels, CUDA graphs.
 
-from wide.runtime.generate import GraphedDecode, generate
+Decode replays one graph per batch size; ``GraphedPrefill`` one per prompt shape.
+"""
+
+from wide.runtime.generate import GraphedDecode, GraphedPrefill, generate
 from wide.runtime.model import StaticCache, WideRuntime
 
-__all__ = ["GraphedDecode", "StaticCache", "WideRuntime", "generate"]
+__all__ = ["GraphedDecode", "GraphedPrefill", "StaticCache", "WideRuntime", "generate"]

@@ -1,4 +1,9 @@
-"""Greedy generation over WideRuntime; on CUDA the decode step is replayed from a CUDA graph."""
+"""Greedy generation over WideRuntime; on CUDA the decode step is replayed from a CUDA graph.
+
+``GraphedPrefill`` captures a whole prefill of one prompt shape: a server that pads prompts to a few
+length buckets replays it with no host work per kernel (the routed path issues ~28 kernels per layer
+through Python, which at batch 1 takes longer than the GPU needs: bench/results/profile-e2e-h200.txt).
+"""
 
 from __future__ import annotations
 
@@ -14,12 +19,7 @@ class GraphedDecode:
         dev = rt.cache.k.device
         self.rt, self.ids = rt, torch.zeros(batch, 1, dtype=torch.long, device=dev)
         lens = rt.cache.lens.clone()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):  # warm-up: compile / autotune kernels outside the capture
-            for _ in range(2):
-                rt.decode(self.ids)
-        torch.cuda.current_stream().wait_stream(s)
+        _warm(lambda: rt.decode(self.ids))
         rt.cache.lens.copy_(lens)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
@@ -27,6 +27,38 @@ class GraphedDecode:
         rt.cache.lens.copy_(lens)  # capture recorded the step; nothing ran
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        self.ids.copy_(ids)
+        self.graph.replay()
+        return self.logits
+
+
+def _warm(fn, n: int = 2) -> None:
+    """Run fn n times on a side stream (compile, autotune: nothing of that may happen in a capture)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(n):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+
+
+class GraphedPrefill:
+    """The runtime's prefill of [B, T] prompts captured once in a CUDA graph (static ids and logits).
+
+    Replaying it writes the cache like ``rt.prefill`` (the sequences' K/V, lengths set to T)."""
+
+    def __init__(self, rt: WideRuntime, batch: int, length: int):
+        dev = rt.cache.k.device
+        self.rt = rt
+        self.ids = torch.zeros(batch, length, dtype=torch.long, device=dev)
+        _warm(lambda: rt.prefill(self.ids))
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.logits = rt.prefill(self.ids)
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        if ids.shape != self.ids.shape:
+            raise ValueError(f"this graph serves prompts {tuple(self.ids.shape)}, got {tuple(ids.shape)}")
         self.ids.copy_(ids)
         self.graph.replay()
         return self.logits
