@@ -133,24 +133,30 @@ def targets(rows: list[dict]) -> list[str]:
 
 
 def e2e_table(name: str = "e2e-h200.json", how: str = "torch.compile'd layer step") -> list[str]:
+    """TTFT as issued from Python and, where the file has it, replayed from a CUDA graph of the prompt shape."""
     path = RES / name
     if not path.is_file():
         return []
     rows = json.loads(path.read_text())
+    graph = all("ttft_graph_ms" in r for r in rows)
+    cols = ["B", "model", "real attn / FFN sparsity", "TTFT ms", "TTFT speed-up"]
+    cols += ["TTFT graph ms", "TTFT graph speed-up"] if graph else []
+    cols += ["TPOT ms", "TPOT speed-up"]
     out = [
         f"End to end (`{name}`, {how}: Llama-3.1-8B shapes, random weights, 4,096-token prompt, decode at "
-        "4,096 cached tokens, CUDA-graph decode; dense = the same runtime with cuBLAS / SDPA)",
+        "4,096 cached tokens, CUDA-graph decode; dense = the same runtime with cuBLAS / SDPA"
+        + ("; TTFT graph: the prefill replayed from a CUDA graph of its prompt shape)" if graph else ")"),
         "",
-        "| B | model | real attn / FFN sparsity | TTFT ms | TPOT ms | TTFT speed-up | TPOT speed-up |",
-        "|---|---|---|---|---|---|---|",
+        "| " + " | ".join(cols) + " |",
+        "|" + "---|" * len(cols),
     ]
     for r in rows:
         name = "dense" if r["variant"] == "dense" else f"WIDE {r['sparsity']:.0%}"
         real = "–" if r["variant"] == "dense" else f"{r['real_attn_sparsity']:.1%} / {r['real_ffn_sparsity']:.1%}"
-        out.append(
-            f"| {r['B']} | {name} | {real} | {r['ttft_ms']:.1f} | {r['tpot_ms']:.2f} | {_cell(r, 'ttft_speedup')} | "
-            f"{_cell(r, 'tpot_speedup')} |"
-        )
+        cells = [str(r["B"]), name, real, f"{r['ttft_ms']:.1f}", _cell(r, "ttft_speedup")]
+        cells += [f"{r['ttft_graph_ms']:.1f}", _cell(r, "ttft_graph_speedup")] if graph else []
+        cells += [f"{r['tpot_ms']:.2f}", _cell(r, "tpot_speedup")]
+        out.append("| " + " | ".join(cells) + " |")
     return [*out, ""]
 
 
@@ -182,20 +188,22 @@ def main() -> None:
         *harness_spread(rows),
         *decode_bandwidth(_auto(rows)),
         *attention_table(rows),
-        *e2e_table(how="compiled layer step, commit db35a4c: dense fuses [Q;K;V] and [gate;up], WIDE [K;V;router]"),
-        *e2e_table("e2e-h200-5a231ce.json", "the same at commit 5a231ce, before the fused projections"),
+        *e2e_table(how="compiled layer step, commit 3dac35f: routers decide in one launch at decode"),
+        *e2e_table("e2e-h200-db35a4c.json", "the same at commit db35a4c, routers through torch"),
         *e2e_table("e2e-eager-h200.json", "eager layer step, `--quick`, commit ddf6f57"),
         "Commands (H200 calls): kernels at commit 6799036 (kernel sources unchanged since ca2ca11), "
         "`VARIANTS_S=0 BENCH_S=400 TEST_S=175 E2E_S=0 PROFILE_S=0 bash scripts/device_kernels.sh "
         f"$OUT` (step `{meta['command']}`); GPU tests at 6799036: `VARIANTS_S=0 BENCH_S=0 TEST_S=420 E2E_S=0 "
         "PROFILE_S=0 bash scripts/device_kernels.sh $OUT` (`gpu-tests-h200.log`: 526 passed, 2 failed on an "
         "Inductor cache race between pytest-xdist workers, fixed in tests/conftest.py); "
-        "profile at 6729301 with `WIDE_COMPILE=1 PROFILE_S=90` (`profile-e2e-h200.txt`); e2e at db35a4c "
-        "`VARIANTS_S=0 BENCH_S=0 TEST_S=0 E2E_S=270 PROFILE_S=0 E2E_ARGS=--compile bash scripts/device_kernels.sh "
-        "$OUT`, at 5a231ce the same with `TEST_S=200 E2E_S=330` "
-        "(step `wide bench e2e --compile`); the runtime's GPU tests at db35a4c: "
-        "`WIDE_AUTOTUNE_MAX=1 python3 -m pytest -m 'not slow' -n 8 tests/runtime/test_runtime.py` after "
-        "`source scripts/device_setup.sh` (`gpu-tests-runtime-h200.log`, 18 passed); eager e2e: "
+        'profile at c53ef79 with `WIDE_COMPILE=1 PROFILE_S=150 PROFILE_ARGS="4096 0.7"` (`profile-e2e-h200.txt`); '
+        "e2e at 3dac35f `VARIANTS_S=0 BENCH_S=0 TEST_S=0 E2E_S=380 PROFILE_S=0 E2E_ARGS=--compile bash "
+        "scripts/device_kernels.sh $OUT`, at db35a4c the same with `E2E_S=270` "
+        "(step `wide bench e2e --compile`); the runtime's GPU tests at 3dac35f: "
+        "`WIDE_AUTOTUNE_MAX=1 python3 -m pytest -m 'not slow' -n 8 tests/kernels/test_router.py "
+        "tests/runtime/test_runtime.py` after `source scripts/device_setup.sh` (`gpu-tests-runtime-h200.log`, 58 "
+        "passed); router kernel: `python3 scripts/decode_variants.py $OUT/bench router` at c53ef79 "
+        "(`router-h200.json`); eager e2e: "
         "`wide bench e2e --quick`. Tables: `python scripts/summarize_kernels.py`.",
     ]
     (RES / "kernels-h200.summary.md").write_text("\n".join(md) + "\n")

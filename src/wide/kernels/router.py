@@ -4,7 +4,8 @@ A router folded for inference (``WideRuntime._router_head``) is a low-rank proje
 margin head: ``r = h W_down^T`` (D -> r, in h's dtype, as ``F.linear`` computes it), ``margin = r
 W_margin^T + b_margin`` (fp32), and the group runs where ``margin <= 0``. In torch that is three or
 four launches — at decode on the H200 a cuBLAS split-K GEMV and its reduce, an fp32 GEMV and a compare,
-~8 µs per router (bench/results/profile-e2e-h200.txt) — for r x D weights that take ~1 µs to read.
+~8 µs per router (bench/results/profile-e2e-h200-6729301.txt) — for r x D weights that take ~1 µs to read.
+Measured (router-h200.json, M 1, D 4096, r 32): 6.6 µs for 112 groups against 10.6 µs for the torch path.
 
 * ``router_decisions``: SPLITS programs each project a slice of D into fp32 partials; the last to
   arrive (``_split_reduce``) sums them in split order, rounds r to h's dtype (what ``F.linear``

@@ -1,8 +1,9 @@
 """Greedy generation over WideRuntime; on CUDA the decode step is replayed from a CUDA graph.
 
 ``GraphedPrefill`` captures a whole prefill of one prompt shape: a server that pads prompts to a few
-length buckets replays it with no host work per kernel (the routed path issues ~28 kernels per layer
-through Python, which at batch 1 takes longer than the GPU needs: bench/results/profile-e2e-h200.txt).
+length buckets replays it with no host work per kernel. The routed path issues ~28 kernels per layer
+through Python; at batch 1 and 70% that took 80 ms against 54 ms of kernels on one H200 host
+(bench/results/profile-e2e-h200.txt), while the graph replays the same prefill in 58 ms (e2e-h200.json).
 """
 
 from __future__ import annotations
