@@ -7,7 +7,7 @@ copies in one CUDA graph). Also sweeps the sorted GEMM-MN tile configs at M = 40
 routed prefill attention launch configs ('prefill'). Writes OUT/decode_variants.json (one record per
 variant) and a short markdown table.
 Usage: python3 scripts/decode_variants.py OUT_DIR [PARTS]   (PARTS: comma list of
-gemm1,gemm4,attn,large,pick,prefill,down32,router; default gemm1,gemm4,attn)
+gemm1,gemm4,gemmk,attn,large,pick,prefill,down32,router; default gemm1,gemm4,attn)
 """
 
 from __future__ import annotations
@@ -39,7 +39,9 @@ MN_CFGS = {
     "gate_up": [cfg(bn, bk, s) for bn, bk in ((16, 256), (32, 128), (32, 256), (64, 128)) for s in (1, 2, 4)],
 }
 K_CFGS = {
-    "o": [cfg(bn, bk, s, st) for bn, bk, st in ((32, 128, 4), (64, 128, 4), (64, 64, 5), (32, 256, 3)) for s in (4, 8)],
+    "o": [
+        cfg(bn, bk, s, st) for bn, bk, st in ((32, 128, 4), (64, 128, 4), (64, 64, 5), (32, 256, 3)) for s in (4, 8, 16)
+    ],
     "down": [cfg(bn, bk, s, st) for bn, bk, st in ((32, 128, 4), (64, 128, 4), (64, 64, 5)) for s in (8, 16, 32)],
     "down32": [cfg(bn, 32, s, st) for bn, st in ((64, 5), (64, 8), (32, 6)) for s in (4, 8, 16)],
 }
@@ -366,6 +368,9 @@ def main(out_dir: str) -> None:
         attn_variants(recs)
     if "down32" in parts:
         gemm_variants(recs, 1, ("down32",))
+    if "gemmk" in parts:  # GEMM-K (O, down) small path at M 1 and 4
+        for m in (1, 4):
+            gemm_variants(recs, m, ("o", "down"))
     if "large" in parts:
         large_mn_variants(recs)
     if "pick" in parts:
