@@ -176,7 +176,7 @@ if HAS_TRITON:
         mask_ptr,  # [M, N_G] uint8
         ws_ptr,  # fp32 partials [cdiv(N, BLOCK_N), SPLITS, M, BLOCK_N] when SPLITS > 1
         cnt_ptr,  # int32 [cdiv(N, BLOCK_N)] tile counters (zero on entry and exit)
-        list_ptr,  # int32 [SPLITS, NG_P] scratch: each split's active groups
+        list_ptr,  # int32 [n-tiles, SPLITS, NG_P] scratch: each program's list of active groups
         M,
         N,
         K,
@@ -185,6 +185,7 @@ if HAS_TRITON:
         stride_xm,
         stride_wn,
         NG_P: tl.constexpr,  # next_pow2(NG)
+        LIST_STRIDE: tl.constexpr,  # max(NG_P, 32): one 128-byte line at least per program's list
         PREC: tl.constexpr,
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
@@ -199,8 +200,8 @@ if HAS_TRITON:
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         in_n = offs_n < N
         offs_k = tl.arange(0, BLOCK_K)
-        # The groups some token runs, compacted into a list (each split's programs write their own copy
-        # in list_ptr[s]; a barrier makes it visible to the whole program). The splits then share the
+        # The groups some token runs, compacted into a list (each program writes its own copy: no two
+        # programs store to one line; a barrier makes it visible to the whole program). The splits share the
         # active K tiles evenly, wherever the active groups fall.
         offs_g = tl.arange(0, NG_P)
         g_in = offs_g < NG
@@ -208,7 +209,7 @@ if HAS_TRITON:
         used = tl.max(tl.where(in_m[:, None] & g_in[None, :], m_tile, 0).to(tl.int32), axis=0) != 0  # [NG_P]
         slot = tl.cumsum(used.to(tl.int32), axis=0) - 1
         n_act = tl.sum(used.to(tl.int32), axis=0)
-        lst = list_ptr + s * NG_P
+        lst = list_ptr + (pid_n * SPLITS + s) * LIST_STRIDE
         tl.store(lst + slot, offs_g, mask=used)
         tl.debug_barrier()
         tiles_per_group = G // BLOCK_K
@@ -336,9 +337,11 @@ def small_gemm_k(
     n_pad = triton.cdiv(n, 32) * 64  # tiles of >= 32 columns, each padded to at most 64
     ws = _workspace(x, n_pad, max_splits)
     cnt = tile_counters(x, triton.cdiv(n, 32))
-    lists = torch.empty(max_splits * next_pow2(ng), device=x.device, dtype=torch.int32)
+    list_stride = max(next_pow2(ng), 32)
+    lists = torch.empty(triton.cdiv(n, 32) * max_splits * list_stride, device=x.device, dtype=torch.int32)
     args = (x, w, y, mask.view(torch.uint8), ws, cnt, lists, m, n, k, g, ng, x.stride(0), w.stride(0))
-    flags = {"NG_P": next_pow2(ng), "PREC": _prec(x), "BLOCK_M": SMALL_BLOCK_M, "BLOCK_MR": next_pow2(m)}
+    flags = {"NG_P": next_pow2(ng), "LIST_STRIDE": list_stride, "PREC": _prec(x), "BLOCK_M": SMALL_BLOCK_M}
+    flags["BLOCK_MR"] = next_pow2(m)
     _check_splits(config)
     if config is None:
         _small_k_tuned[lambda meta: (meta["SPLITS"], triton.cdiv(n, meta["BLOCK_N"]))](*args, **flags)
