@@ -6,11 +6,9 @@ about half of the weight bytes. Masks are [M, N_G] bool (viewed as uint8).
 
 * ``small_gemm_mn`` (Q, gate/up, fused SwiGLU): programs own (K split, BLOCK_N output columns inside
   one group); a program whose group no token runs writes its zero tile (or nothing) and exits.
-* ``small_gemm_k`` (O, down): programs own (K split, n-tile); a program first compacts the groups
-  that some token runs into a short list, then takes its even share of their K tiles (one flat loop,
-  so the weight loads stay software-pipelined); A rows inactive for a group load as 0. (Splits over
-  fixed group ranges left a split idle whenever its groups were skipped: at M 1 and 50%, O's 8 groups
-  over 8 splits leave half the programs with nothing to read.)
+* ``small_gemm_k`` (O, down): programs own (split of the K groups, n-tile); a program first compacts
+  the split's groups that some token runs into a short list, then loops over their K tiles only (one
+  flat loop, so the weight loads stay software-pipelined); A rows inactive for a group load as 0.
   (An earlier version looped over every group with predicated-off loads for unused ones: at M = 1,
   50%, down ran at 1.28x of cuBLAS, decode-variants-h200.json.)
 
@@ -52,11 +50,9 @@ def _prune_mn(configs, named_args, **kwargs):
 
 
 def _prune_k(configs, named_args, **kwargs):
-    """BLOCK_K inside one group; no more splits than K tiles."""
+    """BLOCK_K inside one group; no more splits than groups."""
     g, ng = named_args["G"], named_args["NG"]
-    keep = [
-        c for c in configs if g % c.kwargs["BLOCK_K"] == 0 and c.kwargs["SPLITS"] <= ng * (g // c.kwargs["BLOCK_K"])
-    ]
+    keep = [c for c in configs if g % c.kwargs["BLOCK_K"] == 0 and c.kwargs["SPLITS"] <= ng]
     return autotune_subset(keep) or [_mn_cfg(32, largest_pow2_divisor(g, 128), 3)]
 
 
@@ -176,7 +172,7 @@ if HAS_TRITON:
         mask_ptr,  # [M, N_G] uint8
         ws_ptr,  # fp32 partials [cdiv(N, BLOCK_N), SPLITS, M, BLOCK_N] when SPLITS > 1
         cnt_ptr,  # int32 [cdiv(N, BLOCK_N)] tile counters (zero on entry and exit)
-        list_ptr,  # int32 [n-tiles, SPLITS, NG_P] scratch: each program's list of active groups
+        list_ptr,  # int32 [SPLITS, NG_P] scratch: each split's active groups
         M,
         N,
         K,
@@ -185,7 +181,6 @@ if HAS_TRITON:
         stride_xm,
         stride_wn,
         NG_P: tl.constexpr,  # next_pow2(NG)
-        LIST_STRIDE: tl.constexpr,  # max(NG_P, 32): one 128-byte line at least per program's list
         PREC: tl.constexpr,
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
@@ -193,29 +188,30 @@ if HAS_TRITON:
         SPLITS: tl.constexpr,
         BLOCK_MR: tl.constexpr,  # next_pow2(M): rows of the split reduction
     ):
-        s = tl.program_id(0)  # K split (fastest: the splits of a tile read whole rows together)
+        s = tl.program_id(0)  # split of the K groups (fastest: the splits of a tile read whole rows together)
         pid_n = tl.program_id(1)
         offs_m = tl.arange(0, BLOCK_M)
         in_m = offs_m < M
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         in_n = offs_n < N
         offs_k = tl.arange(0, BLOCK_K)
-        # The groups some token runs, compacted into a list (each program writes its own copy: no two
-        # programs store to one line; a barrier makes it visible to the whole program). The splits share the
-        # active K tiles evenly, wherever the active groups fall.
+        gps = tl.cdiv(NG, SPLITS)  # groups per split
+        g_lo = s * gps
+        n_groups = tl.maximum(tl.minimum(gps, NG - g_lo), 0)
+        # The split's groups that some token runs, compacted into list_ptr[s] (every n-tile program of
+        # split s writes the same list; a barrier makes it visible to the whole program).
         offs_g = tl.arange(0, NG_P)
-        g_in = offs_g < NG
-        m_tile = tl.load(mask_ptr + offs_m[:, None] * NG + offs_g[None, :], mask=in_m[:, None] & g_in[None, :])
+        g_in = offs_g < n_groups
+        m_tile = tl.load(mask_ptr + offs_m[:, None] * NG + (g_lo + offs_g)[None, :], mask=in_m[:, None] & g_in[None, :])
         used = tl.max(tl.where(in_m[:, None] & g_in[None, :], m_tile, 0).to(tl.int32), axis=0) != 0  # [NG_P]
         slot = tl.cumsum(used.to(tl.int32), axis=0) - 1
         n_act = tl.sum(used.to(tl.int32), axis=0)
-        lst = list_ptr + (pid_n * SPLITS + s) * LIST_STRIDE
-        tl.store(lst + slot, offs_g, mask=used)
+        lst = list_ptr + s * NG_P
+        tl.store(lst + slot, g_lo + offs_g, mask=used)
         tl.debug_barrier()
         tiles_per_group = G // BLOCK_K
-        n_tiles = n_act * tiles_per_group
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for t in range((s * n_tiles) // SPLITS, ((s + 1) * n_tiles) // SPLITS):  # active tiles only
+        for t in range(0, n_act * tiles_per_group):  # active groups only: every load carries bytes
             grp = tl.load(lst + t // tiles_per_group)
             row_act = tl.load(mask_ptr + offs_m * NG + grp, mask=in_m, other=0) != 0  # [BM]
             k0 = grp * G + (t % tiles_per_group) * BLOCK_K
@@ -337,11 +333,9 @@ def small_gemm_k(
     n_pad = triton.cdiv(n, 32) * 64  # tiles of >= 32 columns, each padded to at most 64
     ws = _workspace(x, n_pad, max_splits)
     cnt = tile_counters(x, triton.cdiv(n, 32))
-    list_stride = max(next_pow2(ng), 32)
-    lists = torch.empty(triton.cdiv(n, 32) * max_splits * list_stride, device=x.device, dtype=torch.int32)
+    lists = torch.empty(max_splits * next_pow2(ng), device=x.device, dtype=torch.int32)
     args = (x, w, y, mask.view(torch.uint8), ws, cnt, lists, m, n, k, g, ng, x.stride(0), w.stride(0))
-    flags = {"NG_P": next_pow2(ng), "LIST_STRIDE": list_stride, "PREC": _prec(x), "BLOCK_M": SMALL_BLOCK_M}
-    flags["BLOCK_MR"] = next_pow2(m)
+    flags = {"NG_P": next_pow2(ng), "PREC": _prec(x), "BLOCK_M": SMALL_BLOCK_M, "BLOCK_MR": next_pow2(m)}
     _check_splits(config)
     if config is None:
         _small_k_tuned[lambda meta: (meta["SPLITS"], triton.cdiv(n, meta["BLOCK_N"]))](*args, **flags)
