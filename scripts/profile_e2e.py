@@ -75,20 +75,18 @@ def _host_and_wall_ms(fn, reps: int = 5) -> tuple[float, float]:
 COMPILE = os.environ.get("WIDE_COMPILE", "0") == "1"  # profile the torch.compile'd layer step
 
 
-def main() -> None:
-    out = sys.argv[1]
-    prompt = int(sys.argv[2]) if len(sys.argv) > 2 else 4096
-    rate = float(sys.argv[3]) if len(sys.argv) > 3 else 0.5
-    model = build_model(SHAPE, DEV, torch.bfloat16 if CUDA else torch.float32)
+def runtime_calls(shape: dict, rate: float, prompt: int, compile: bool):
+    """Yields (routed, 'prefill' | 'decode', fn) for the dense and the WIDE runtime of one random model
+    (routers fitted to skip ``rate``); fn runs one batch-1 call (prefill of ``prompt`` tokens, or one
+    decode step at that context). Each runtime is freed after its two calls."""
+    model = build_model(shape, DEV, torch.bfloat16 if CUDA else torch.float32)
     wm = WideModel(model, WideConfig(ffn_group_size=128))
-    vocab = SHAPE["vocab_size"]
-    probe = torch.randint(0, vocab, (1, 512), device=DEV)
-    routers_at(wm, rate, probe)
+    vocab = shape["vocab_size"]
+    routers_at(wm, rate, torch.randint(0, vocab, (1, min(prompt, 512)), device=DEV))
     ids = torch.randint(0, vocab, (1, prompt), device=DEV)
     step = torch.randint(0, vocab, (1, 1), device=DEV)
-    lines = []
     for routed in (False, True):
-        rt = WideRuntime(wm, max_batch=1, max_seq=prompt + 8, routed=routed, compile=COMPILE)
+        rt = WideRuntime(wm, max_batch=1, max_seq=prompt + 8, routed=routed, compile=compile)
 
         def prefill(rt=rt):
             rt.cache.reset()
@@ -98,18 +96,27 @@ def main() -> None:
             rt.cache.lens.fill_(prompt)
             rt.decode(step)
 
-        for name, fn in (("prefill", prefill), ("decode", decode)):
-            table, n, kernel_ms = _profile(fn)
-            host_ms, wall_ms = _host_and_wall_ms(fn)
-            head = (
-                f"=== {f'WIDE {rate:.0%}' if routed else 'dense'} {name} (prompt {prompt}): {n} CUDA kernels per "
-                f"call; per call: kernels {kernel_ms:.2f} ms, host issue {host_ms:.2f} ms, wall {wall_ms:.2f} ms"
-            )
-            print(head, flush=True)
-            lines += [head, table, ""]
-        del rt
+        yield routed, "prefill", prefill
+        yield routed, "decode", decode
+        del rt, prefill, decode
         if CUDA:
             torch.cuda.empty_cache()
+
+
+def main() -> None:
+    out = sys.argv[1]
+    prompt = int(sys.argv[2]) if len(sys.argv) > 2 else 4096
+    rate = float(sys.argv[3]) if len(sys.argv) > 3 else 0.5
+    lines = []
+    for routed, name, fn in runtime_calls(SHAPE, rate, prompt, COMPILE):
+        table, n, kernel_ms = _profile(fn)
+        host_ms, wall_ms = _host_and_wall_ms(fn)
+        head = (
+            f"=== {f'WIDE {rate:.0%}' if routed else 'dense'} {name} (prompt {prompt}): {n} CUDA kernels per "
+            f"call; per call: kernels {kernel_ms:.2f} ms, host issue {host_ms:.2f} ms, wall {wall_ms:.2f} ms"
+        )
+        print(head, flush=True)
+        lines += [head, table, ""]
     os.makedirs(out, exist_ok=True)
     with open(f"{out}/profile_e2e.txt", "w") as f:
         f.write("\n".join(lines))
