@@ -254,6 +254,8 @@ def router_decisions(
     _check_head(w_down.shape[0], w_margin, b_margin)
     h2 = h.reshape(-1, h.shape[-1]).contiguous()
     if config is not None:
+        if not use_triton(h2):
+            raise ValueError("config forces the Triton kernel: not runnable here (CPU without TRITON_INTERPRET=1)")
         out = _router_triton(h2, w_down.contiguous(), w_margin.contiguous(), b_margin.contiguous(), config)
     else:
         out = _router_op(h2, w_down.contiguous(), w_margin.contiguous(), b_margin.contiguous())
