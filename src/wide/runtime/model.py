@@ -114,23 +114,6 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return x * c + _rotate_half(x) * s
 
 
-def router_decisions(head: tuple, h: torch.Tensor) -> torch.Tensor:
-    """h: [B, T, D] -> execute mask [B, T, N_G] bool (argmax routing) from a folded router head.
-
-    The D -> r projection runs in h's dtype (fp32 accumulation): an fp32 copy of h would cost more
-    than the projection (fp32 router GEMMs + casts: ~5 ms of a 4,096-token Llama-8B prefill in
-    bench/results/reverted-eec4a8a/profile_e2e.txt). The margin head and the comparison stay fp32, as
-    in training. In fp32 this is the masked path's decision up to rounding of the folded head; in bf16
-    a decision within rounding of its threshold can differ. At decode one Triton launch
-    (``wide.kernels.router``)."""
-    return K.router_decisions(h, *head)
-
-
-def router_margin_decisions(margin: tuple, r: torch.Tensor) -> torch.Tensor:
-    """r: [..., r] (the router's D -> r projection) -> execute mask [..., N_G] bool; fp32 margin head."""
-    return K.margin_decisions(r, *margin)
-
-
 def _attention(
     x: torch.Tensor, cos, sin, pos, lens, w: LayerWeights, ck: torch.Tensor, cv: torch.Tensor, st: StepConfig
 ) -> torch.Tensor:
@@ -141,7 +124,7 @@ def _attention(
     if st.routed:
         kvr = F.linear(h2, w.w_kvr, w.b_kvr)  # [M, 2 Hk*d + r]: K, V and the router's D -> r in one GEMM
         k, v, r = kvr.split([kv_width, kv_width, kvr.shape[-1] - 2 * kv_width], dim=-1)
-        mask = router_margin_decisions(w.margin_attn, r).view(b, t, -1)  # [B, T, Hk]
+        mask = K.margin_decisions(r, *w.margin_attn).view(b, t, -1)  # [B, T, Hk]
         route = K.plan_route(mask)
         q = K.routed_gemm_mn(h2, w.wq, route, st.g_attn, zero_inactive=False)  # attention ignores inactive heads
         if w.bq is not None:  # bias only where the group runs (inactive outputs stay 0)
@@ -181,7 +164,7 @@ def _ffn(x: torch.Tensor, w: LayerWeights, st: StepConfig) -> torch.Tensor:
     b, t, _ = x.shape
     h2 = rms_norm(x, w.ln_ffn, st.eps).reshape(b * t, -1)
     if st.routed:
-        route = K.plan_route(router_decisions(w.head_ffn, h2.view(b, t, -1)))
+        route = K.plan_route(K.router_decisions(h2.view(b, t, -1), *w.head_ffn))
         a = K.routed_swiglu(h2, w.w_gate, w.w_up, route, st.g_ffn)  # zeros if inactive
         y = K.routed_gemm_k(a, w.w_down, route, st.g_ffn, algo=st.algo, x_zeroed=True)
     else:
@@ -333,8 +316,8 @@ class WideRuntime:
         return router.down.weight.detach().to(dtype).contiguous(), w_margin, b_margin
 
     def _decisions(self, head: tuple[torch.Tensor, torch.Tensor, torch.Tensor], h: torch.Tensor) -> torch.Tensor:
-        """h: [B, T, D] -> execute mask [B, T, N_G] bool (see ``router_decisions``)."""
-        return router_decisions(head, h)
+        """h: [B, T, D] -> execute mask [B, T, N_G] bool (``wide.kernels.router_decisions``)."""
+        return K.router_decisions(h, *head)
 
     def _forward(self, ids: torch.Tensor, pos: torch.Tensor, decode: bool) -> torch.Tensor:
         """ids: [B, T], pos: [B, T] absolute positions -> logits of the last position [B, V]."""
