@@ -50,7 +50,7 @@ class GraphedPrefill:
 
     def __init__(self, rt: WideRuntime, batch: int, length: int):
         dev = rt.cache.k.device
-        self.rt = rt
+        self.rt = rt  # the graph reads and writes rt's weights and cache: keep them alive with it
         self.ids = torch.zeros(batch, length, dtype=torch.long, device=dev)
         _warm(lambda: rt.prefill(self.ids))
         self.graph = torch.cuda.CUDAGraph()
