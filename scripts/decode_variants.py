@@ -7,7 +7,7 @@ copies in one CUDA graph). Also sweeps the sorted GEMM-MN tile configs at M = 40
 routed prefill attention launch configs ('prefill'). Writes OUT/decode_variants.json (one record per
 variant) and a short markdown table.
 Usage: python3 scripts/decode_variants.py OUT_DIR [PARTS]   (PARTS: comma list of
-gemm1,gemm4,gemmk,attn,large,pick,prefill,down32,router; default gemm1,gemm4,attn)
+gemm1,gemm4,gemmk,attn,large,pick,prefill,down32,router,pdl; default gemm1,gemm4,attn)
 """
 
 from __future__ import annotations
@@ -349,6 +349,91 @@ def router_variants(recs: list) -> None:
             _keep(recs, rec)
 
 
+def pdl_variants(recs: list) -> None:
+    """Programmatic dependent launch: the decode kernels (autotuned, so one config for every variant)
+    launched plainly (WIDE_PDL=0), with PDL, and with PDL + the first weight tile loaded before the
+    wait (GEMM-MN and router only), against cuBLAS; M 1 and 4, 50% and all-active masks."""
+    import os
+
+    from wide.kernels.router import _margin_triton, _router_triton, margin_decisions, router_decisions_ref
+
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    variants = (("plain", "0", False), ("pdl", "1", False), ("pdl+preload", "1", True))
+    for op in ("q", "gate_up", "o", "down"):
+        n, k, g = SHAPES[op]
+        sw, k_routed = op == "gate_up", op in ("o", "down")
+        nc = copies_for(n * k * 2 * (2 if sw else 1))
+        wb = [(torch.randn(n, k, device="cuda", generator=gen) / k**0.5).bfloat16() for _ in range(nc)]
+        w2b = [(torch.randn(n, k, device="cuda", generator=gen) / k**0.5).bfloat16() if sw else None for _ in range(nc)]
+        ng = (k if k_routed else n) // g
+        for m in (1, 4):
+            xb = [torch.randn(m, k, device="cuda", generator=gen).bfloat16() for _ in range(nc)]
+            for sp in (0.5, 0.0):
+                mask = [torch.rand(m, ng, device="cuda", generator=gen) >= sp for _ in range(nc)]
+                if k_routed:
+                    xs = [a * mk.repeat_interleave(g, 1) for a, mk in zip(xb, mask, strict=True)]
+                    dense = time_graph([partial(F.linear, a, b) for a, b in zip(xs, wb, strict=True)])
+                    ref32 = routed_gemm_k_ref(xs[0].float(), wb[0].float(), plan_route(mask[0]), g)
+                    low = F.linear(xs[0], wb[0])
+                else:
+                    xs = xb
+                    if sw:
+                        dense = time_graph(
+                            [
+                                lambda a=a, b=b, c=c: F.silu(F.linear(a, b)) * F.linear(a, c)
+                                for a, b, c in zip(xb, wb, w2b)
+                            ]
+                        )
+                        ref32 = routed_swiglu_ref(xb[0].float(), wb[0].float(), w2b[0].float(), plan_route(mask[0]), g)
+                        low = routed_swiglu_ref(xb[0], wb[0], w2b[0], plan_route(mask[0]), g)
+                    else:
+                        dense = time_graph([partial(F.linear, a, b) for a, b in zip(xb, wb, strict=True)])
+                        ref32 = routed_gemm_mn_ref(xb[0].float(), wb[0].float(), plan_route(mask[0]), g)
+                        low = routed_gemm_mn_ref(xb[0], wb[0], plan_route(mask[0]), g)
+                for name, env, pre in variants:
+                    if pre and k_routed:
+                        continue
+                    os.environ["WIDE_PDL"] = env
+                    if k_routed:
+                        fns = [partial(small_gemm_k, a, b, mk, g) for a, b, mk in zip(xs, wb, mask, strict=True)]
+                    else:
+                        fns = [
+                            partial(small_gemm_mn, a, b, c2, mk, g, True, preload=pre)
+                            for a, b, c2, mk in zip(xs, wb, w2b, mask, strict=True)
+                        ]
+                    out = fns[0]()
+                    ok, e, b = err_ok(out, ref32, low)
+                    rec = {"kind": "pdl", "op": op, "M": m, "group_size": g, "sparsity": sp, "variant": name,
+                           "dense_ms": dense, "err_ok": ok, "err": e, "torch_err": b,
+                           "repeat_identical": torch.equal(out, fns[0]())}  # fmt: skip
+                    rec["wide_ms"] = time_graph(fns)
+                    rec["speedup"] = dense / rec["wide_ms"]
+                    _keep(recs, rec)
+    d, r = 4096, 32
+    for ng in (112, 8):
+        w_down = torch.randn(r, d, device="cuda", generator=gen).div_(d**0.5).bfloat16()
+        w_margin = torch.randn(ng, r, device="cuda", generator=gen) / r**0.5
+        b_margin = 0.1 * torch.randn(ng, device="cuda", generator=gen)
+        hs = [torch.randn(1, d, device="cuda", generator=gen).bfloat16() for _ in range(8)]
+        rs = [torch.randn(1, 2 * 1024 + r, device="cuda", generator=gen).bfloat16()[:, 2048:] for _ in range(8)]
+        ref = router_decisions_ref(hs[0], w_down, w_margin, b_margin)
+        for name, env, pre in variants:
+            os.environ["WIDE_PDL"] = env
+            out = _router_triton(hs[0], w_down, w_margin, b_margin, None, preload=pre)
+            rec = {"kind": "pdl", "op": f"router N_G {ng}", "M": 1, "variant": name,
+                   "decisions_differ": int((out != ref).sum())}  # fmt: skip
+            rec["wide_ms"] = time_graph(
+                [partial(_router_triton, h, w_down, w_margin, b_margin, None, preload=pre) for h in hs]
+            )
+            _keep(recs, rec)
+            rec = {"kind": "pdl", "op": f"margin N_G {ng}", "M": 1, "variant": name,
+                   "decisions_differ": int((_margin_triton(rs[0], w_margin, b_margin, pre)
+                                            != margin_decisions(rs[0], w_margin, b_margin)).sum())}  # fmt: skip
+            rec["wide_ms"] = time_graph([partial(_margin_triton, x, w_margin, b_margin, pre) for x in rs])
+            _keep(recs, rec)
+    os.environ["WIDE_PDL"] = "1"
+
+
 def floor(recs: list) -> None:
     """Time per call of a trivial kernel in the harness (back-to-back in one graph): its fixed cost."""
     t = torch.zeros(1, device="cuda")
@@ -379,6 +464,8 @@ def main(out_dir: str) -> None:
         prefill_variants(recs)
     if "router" in parts:
         router_variants(recs)
+    if "pdl" in parts:
+        pdl_variants(recs)
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "wall_s": time.time() - t0}
     with open(f"{out_dir}/decode_variants.json", "w") as f:
         json.dump({"meta": meta, "records": recs}, f, indent=1)

@@ -281,7 +281,12 @@ def cmd_bench(a: argparse.Namespace) -> int:
         from wide.bench.e2e import run_e2e_bench
 
         t = time.time()
-        rows = run_e2e_bench(a.out, quick=a.quick, compile=a.compile)
+        kw = {}
+        if a.batches:
+            kw["batches"] = tuple(int(b) for b in a.batches.split(","))
+        if a.sparsities:
+            kw["sparsities"] = tuple(float(s) for s in a.sparsities.split(","))
+        rows = run_e2e_bench(a.out, quick=a.quick, compile=a.compile, **kw)
         print(f"{len(rows)} records in {time.time() - t:.0f}s -> {a.out}")
         return 0
     raise SystemExit(f"unknown benchmark {a.what!r}")
@@ -428,6 +433,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--compile", action="store_true", help="e2e: torch.compile the runtime's layer step (dense and WIDE alike)"
     )
+    b.add_argument("--batches", help="e2e: comma list of batch sizes (default 1,16)")
+    b.add_argument("--sparsities", help="e2e: comma list of WIDE sparsity levels (default 0,0.25,0.5,0.7)")
     b.set_defaults(func=cmd_bench)
     return p
 

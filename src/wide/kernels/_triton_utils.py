@@ -69,6 +69,30 @@ def largest_pow2_divisor(n: int, cap: int) -> int:
     return b
 
 
+@functools.cache
+def _pdl_device(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def pdl_launch(t: torch.Tensor) -> dict:
+    """Launch arguments for programmatic dependent launch (PDL, Hopper+) of a kernel reading ``t``.
+
+    With PDL a kernel's programs may start while its predecessor in the stream is still finishing;
+    the kernel's ``pdl_begin`` (``PDL`` constexpr) lets its own successor launch early and then waits
+    for the predecessor to complete before touching memory that it may have written. Off in the
+    interpreter, below sm_90, and with ``WIDE_PDL=0``. Returns ``{"PDL": bool}`` plus
+    ``launch_pdl=True`` when on.
+    """
+    on = (
+        HAS_GDC
+        and t.is_cuda
+        and not interpret_mode()
+        and os.environ.get("WIDE_PDL", "1") != "0"
+        and _pdl_device(t.device.index if t.device.index is not None else torch.cuda.current_device())
+    )
+    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
+
+
 def _alloc(size: int, alignment: int, stream) -> torch.Tensor:  # noqa: ARG001
     return torch.empty(size, device="cuda", dtype=torch.int8)
 
@@ -100,7 +124,22 @@ def tma_supported(device_index: int = 0) -> bool:
         return False
 
 
+HAS_GDC = False
 if HAS_TRITON:
+    try:  # grid dependency control (PDL): Triton >= 3.3
+        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+        HAS_GDC = True
+    except ImportError:  # pragma: no cover - older Triton
+        pass
+
+    @triton.jit
+    def pdl_begin(PDL: tl.constexpr):
+        """Under PDL: let the next kernel launch, then wait until the previous one has completed and its
+        writes are visible. Everything a kernel does before this call may only read constant data."""
+        if PDL:
+            gdc_launch_dependents()
+            gdc_wait()
 
     @triton.jit
     def _tma_probe(x_ptr, y_ptr, R, C, B: tl.constexpr):

@@ -23,13 +23,14 @@ from __future__ import annotations
 import torch
 
 from ._split_reduce import tile_counters
-from ._triton_utils import HAS_TRITON, autotune_subset, largest_pow2_divisor, next_pow2
+from ._triton_utils import HAS_TRITON, autotune_subset, largest_pow2_divisor, next_pow2, pdl_launch
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
     from ._split_reduce import arrive, sum_partials
+    from ._triton_utils import pdl_begin
 
 SMALL_BLOCK_M = 16  # tensor-core minimum: rows M..15 are padding
 
@@ -96,6 +97,8 @@ if HAS_TRITON:
         BLOCK_K: tl.constexpr,
         SPLITS: tl.constexpr,
         BLOCK_MR: tl.constexpr,  # next_pow2(M): rows of the split reduction
+        PDL: tl.constexpr,  # launched with programmatic dependent launch
+        PRELOAD: tl.constexpr,  # load the first weight tile before waiting for the previous kernel
     ):
         s = tl.program_id(0)  # K split (fastest: the splits of a tile stream its weight rows together)
         pid_n = tl.program_id(1)
@@ -103,20 +106,37 @@ if HAS_TRITON:
         g = n0 // G
         offs_m = tl.arange(0, BLOCK_M)
         in_m = offs_m < M
-        act = tl.load(mask_ptr + offs_m * NG + g, mask=in_m, other=0) != 0  # [BM]
         offs_n = n0 + tl.arange(0, BLOCK_N)
+        k_per = tl.cdiv(tl.cdiv(K, SPLITS), BLOCK_K) * BLOCK_K
+        k_lo = s * k_per
+        k_hi = tl.minimum(k_lo + k_per, K)
+        offs_k = tl.arange(0, BLOCK_K)
+        b_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + k_lo + offs_k[None, :]
+        b2_ptrs = w2_ptr + offs_n[:, None].to(tl.int64) * stride_wn + k_lo + offs_k[None, :]
+        if PRELOAD:  # weights only (constant): their latency overlaps the previous kernel's tail
+            kk0 = (k_lo + offs_k) < k_hi
+            b_first = tl.load(b_ptrs, mask=kk0[None, :], other=0.0)
+            b2_first = b_first
+            if SWIGLU:
+                b2_first = tl.load(b2_ptrs, mask=kk0[None, :], other=0.0)
+        pdl_begin(PDL)
+        act = tl.load(mask_ptr + offs_m * NG + g, mask=in_m, other=0) != 0  # [BM]
         y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
         if tl.max(act.to(tl.int32), axis=0) > 0:
-            k_per = tl.cdiv(tl.cdiv(K, SPLITS), BLOCK_K) * BLOCK_K
-            k_lo = s * k_per
-            k_hi = tl.minimum(k_lo + k_per, K)
-            offs_k = tl.arange(0, BLOCK_K)
             a_ptrs = x_ptr + offs_m[:, None] * stride_xm + k_lo + offs_k[None, :]
-            b_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + k_lo + offs_k[None, :]
-            b2_ptrs = w2_ptr + offs_n[:, None].to(tl.int64) * stride_wn + k_lo + offs_k[None, :]
             acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            for k0 in range(k_lo, k_hi, BLOCK_K):
+            k_start = k_lo
+            if PRELOAD:  # the peeled first K tile
+                a = tl.load(a_ptrs, mask=act[:, None] & kk0[None, :], other=0.0)
+                acc = tl.dot(a, tl.trans(b_first), acc, input_precision=PREC)
+                if SWIGLU:
+                    acc2 = tl.dot(a, tl.trans(b2_first), acc2, input_precision=PREC)
+                a_ptrs += BLOCK_K
+                b_ptrs += BLOCK_K
+                b2_ptrs += BLOCK_K
+                k_start += BLOCK_K
+            for k0 in range(k_start, k_hi, BLOCK_K):
                 kk = (k0 + offs_k) < k_hi
                 a = tl.load(a_ptrs, mask=act[:, None] & kk[None, :], other=0.0)
                 b = tl.load(b_ptrs, mask=kk[None, :], other=0.0)
@@ -187,9 +207,11 @@ if HAS_TRITON:
         BLOCK_K: tl.constexpr,
         SPLITS: tl.constexpr,
         BLOCK_MR: tl.constexpr,  # next_pow2(M): rows of the split reduction
+        PDL: tl.constexpr,  # launched with programmatic dependent launch
     ):
         s = tl.program_id(0)  # split of the K groups (fastest: the splits of a tile read whole rows together)
         pid_n = tl.program_id(1)
+        pdl_begin(PDL)  # the mask decides which weights are read: nothing to load before the wait
         offs_m = tl.arange(0, BLOCK_M)
         in_m = offs_m < M
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -286,10 +308,13 @@ def small_gemm_mn(
     zero: bool,
     *,
     config: dict | None = None,
+    preload: bool = False,
 ) -> torch.Tensor:
     """x: [M, K] (M <= 16), w/w2: [N, K], mask: [M, N_G] bool -> [M, N] (SwiGLU when ``w2`` is given).
 
     ``config`` (BLOCK_N, BLOCK_K, SPLITS, num_warps, num_stages) bypasses the autotuner (benchmarks).
+    ``preload``: under PDL, load each program's first weight tile before waiting for the previous
+    kernel; only for weights that no recent kernel on the stream wrote (a served model's).
     """
     m, k = x.shape
     n = w.shape[0]
@@ -305,6 +330,8 @@ def small_gemm_mn(
     args = (x, w, w2 if swiglu else w, y, mask.view(torch.uint8), ws, cnt, m, n, k, g, n // g)
     args += (x.stride(0), w.stride(0), y.stride(0))
     flags = {"SWIGLU": swiglu, "ZERO": zero, "PREC": _prec(x), "BLOCK_M": SMALL_BLOCK_M, "BLOCK_MR": next_pow2(m)}
+    flags |= pdl_launch(x)
+    flags["PRELOAD"] = preload
     _check_splits(config)
     if config is None:
         _small_mn_tuned[lambda meta: (meta["SPLITS"], n // meta["BLOCK_N"])](*args, **flags)
@@ -336,6 +363,7 @@ def small_gemm_k(
     lists = torch.empty(max_splits * next_pow2(ng), device=x.device, dtype=torch.int32)
     args = (x, w, y, mask.view(torch.uint8), ws, cnt, lists, m, n, k, g, ng, x.stride(0), w.stride(0))
     flags = {"NG_P": next_pow2(ng), "PREC": _prec(x), "BLOCK_M": SMALL_BLOCK_M, "BLOCK_MR": next_pow2(m)}
+    flags |= pdl_launch(x)
     _check_splits(config)
     if config is None:
         _small_k_tuned[lambda meta: (meta["SPLITS"], triton.cdiv(n, meta["BLOCK_N"]))](*args, **flags)
