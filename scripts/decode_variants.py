@@ -7,7 +7,7 @@ copies in one CUDA graph). Also sweeps the sorted GEMM-MN tile configs at M = 40
 routed prefill attention launch configs ('prefill'). Writes OUT/decode_variants.json (one record per
 variant) and a short markdown table.
 Usage: python3 scripts/decode_variants.py OUT_DIR [PARTS]   (PARTS: comma list of
-gemm1,gemm4,gemmk,attn,large,pick,prefill,down32,router,pdl; default gemm1,gemm4,attn)
+gemm1,gemm4,gemmk,attn,large,pick,prefill,down32,router,pdl,compact; default gemm1,gemm4,attn)
 """
 
 from __future__ import annotations
@@ -358,7 +358,15 @@ def pdl_variants(recs: list) -> None:
     from wide.kernels.router import _margin_triton, _router_triton, margin_decisions, router_decisions_ref
 
     gen = torch.Generator(device="cuda").manual_seed(5)
-    variants = (("plain", "0", False), ("pdl", "1", False), ("pdl+preload", "1", True))
+    # (name, WIDE_PDL, preload, compact): PDL 1 waits then lets the next kernel launch, 2 only waits
+    variants = (
+        ("plain", "0", False, False),
+        ("compact", "0", False, True),
+        ("pdl-wait-trigger", "1", False, False),
+        ("pdl-wait", "2", False, False),
+        ("pdl+preload", "1", True, False),
+        ("compact+pdl-wait", "2", False, True),
+    )
     for op in ("q", "gate_up", "o", "down"):
         n, k, g = SHAPES[op]
         sw, k_routed = op == "gate_up", op in ("o", "down")
@@ -390,15 +398,18 @@ def pdl_variants(recs: list) -> None:
                         dense = time_graph([partial(F.linear, a, b) for a, b in zip(xb, wb, strict=True)])
                         ref32 = routed_gemm_mn_ref(xb[0].float(), wb[0].float(), plan_route(mask[0]), g)
                         low = routed_gemm_mn_ref(xb[0], wb[0], plan_route(mask[0]), g)
-                for name, env, pre in variants:
+                for name, env, pre, comp in variants:
                     if pre and k_routed:
                         continue
                     os.environ["WIDE_PDL"] = env
                     if k_routed:
-                        fns = [partial(small_gemm_k, a, b, mk, g) for a, b, mk in zip(xs, wb, mask, strict=True)]
+                        fns = [
+                            partial(small_gemm_k, a, b, mk, g, compact=comp)
+                            for a, b, mk in zip(xs, wb, mask, strict=True)
+                        ]
                     else:
                         fns = [
-                            partial(small_gemm_mn, a, b, c2, mk, g, True, preload=pre)
+                            partial(small_gemm_mn, a, b, c2, mk, g, True, preload=pre, compact=comp)
                             for a, b, c2, mk in zip(xs, wb, w2b, mask, strict=True)
                         ]
                     out = fns[0]()
@@ -417,7 +428,9 @@ def pdl_variants(recs: list) -> None:
         hs = [torch.randn(1, d, device="cuda", generator=gen).bfloat16() for _ in range(8)]
         rs = [torch.randn(1, 2 * 1024 + r, device="cuda", generator=gen).bfloat16()[:, 2048:] for _ in range(8)]
         ref = router_decisions_ref(hs[0], w_down, w_margin, b_margin)
-        for name, env, pre in variants:
+        for name, env, pre, comp in variants:
+            if comp:
+                continue
             os.environ["WIDE_PDL"] = env
             out = _router_triton(hs[0], w_down, w_margin, b_margin, None, preload=pre)
             rec = {"kind": "pdl", "op": f"router N_G {ng}", "M": 1, "variant": name,
@@ -431,7 +444,40 @@ def pdl_variants(recs: list) -> None:
                                             != margin_decisions(rs[0], w_margin, b_margin)).sum())}  # fmt: skip
             rec["wide_ms"] = time_graph([partial(_margin_triton, x, w_margin, b_margin, pre) for x in rs])
             _keep(recs, rec)
-    os.environ["WIDE_PDL"] = "1"
+    os.environ["WIDE_PDL"] = "0"
+
+
+def compact_configs(recs: list) -> None:
+    """The compact grid (working programs first) over the explicit config lists, Q and O at M 1, 50%."""
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    for op in ("q", "o", "down"):
+        n, k, g = SHAPES[op]
+        k_routed = op != "q"
+        nc = copies_for(n * k * 2)
+        wb = [(torch.randn(n, k, device="cuda", generator=gen) / k**0.5).bfloat16() for _ in range(nc)]
+        ng = (k if k_routed else n) // g
+        xb = [torch.randn(1, k, device="cuda", generator=gen).bfloat16() for _ in range(nc)]
+        mask = [torch.rand(1, ng, device="cuda", generator=gen) < 0.5 for _ in range(nc)]
+        if k_routed:
+            xb = [a * mk.repeat_interleave(g, 1) for a, mk in zip(xb, mask, strict=True)]
+        dense = time_graph([partial(F.linear, a, b) for a, b in zip(xb, wb, strict=True)])
+        for c in K_CFGS[op] if k_routed else MN_CFGS[op]:
+            for comp in (False, True):
+                if k_routed:
+                    fns = [partial(small_gemm_k, a, b, mk, g, config=c, compact=comp) for a, b, mk in zip(xb, wb, mask)]
+                else:
+                    fns = [
+                        partial(small_gemm_mn, a, b, None, mk, g, True, config=c, compact=comp)
+                        for a, b, mk in zip(xb, wb, mask)
+                    ]
+                rec = {"kind": "compact_cfg", "op": op, "M": 1, "sparsity": 0.5, "config": c, "compact": comp,
+                       "dense_ms": dense}  # fmt: skip
+                try:
+                    rec["wide_ms"] = time_graph(fns)
+                    rec["speedup"] = dense / rec["wide_ms"]
+                except Exception as exc:  # noqa: BLE001 - record the failure, go on
+                    rec["error"] = repr(exc)[:300]
+                _keep(recs, rec)
 
 
 def floor(recs: list) -> None:
@@ -466,6 +512,8 @@ def main(out_dir: str) -> None:
         router_variants(recs)
     if "pdl" in parts:
         pdl_variants(recs)
+    if "compact" in parts:
+        compact_configs(recs)
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "wall_s": time.time() - t0}
     with open(f"{out_dir}/decode_variants.json", "w") as f:
         json.dump({"meta": meta, "records": recs}, f, indent=1)

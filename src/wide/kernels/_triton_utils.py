@@ -83,14 +83,15 @@ def pdl_launch(t: torch.Tensor) -> dict:
     interpreter, below sm_90, and with ``WIDE_PDL=0``. Returns ``{"PDL": bool}`` plus
     ``launch_pdl=True`` when on.
     """
+    mode = int(os.environ.get("WIDE_PDL", "1"))
     on = (
         HAS_GDC
+        and mode > 0
         and t.is_cuda
         and not interpret_mode()
-        and os.environ.get("WIDE_PDL", "1") != "0"
         and _pdl_device(t.device.index if t.device.index is not None else torch.cuda.current_device())
     )
-    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
+    return {"PDL": mode, "launch_pdl": True} if on else {"PDL": 0}
 
 
 def _alloc(size: int, alignment: int, stream) -> torch.Tensor:  # noqa: ARG001
@@ -135,11 +136,12 @@ if HAS_TRITON:
 
     @triton.jit
     def pdl_begin(PDL: tl.constexpr):
-        """Under PDL: let the next kernel launch, then wait until the previous one has completed and its
-        writes are visible. Everything a kernel does before this call may only read constant data."""
-        if PDL:
-            gdc_launch_dependents()
+        """Under PDL: wait until the previous kernel has completed and its writes are visible, then (PDL 1)
+        let the next kernel launch. Everything a kernel does before this call may only read constant data."""
+        if PDL > 0:
             gdc_wait()
+        if PDL == 1:
+            gdc_launch_dependents()
 
     @triton.jit
     def _tma_probe(x_ptr, y_ptr, R, C, B: tl.constexpr):
