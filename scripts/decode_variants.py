@@ -7,7 +7,7 @@ copies in one CUDA graph). Also sweeps the sorted GEMM-MN tile configs at M = 40
 routed prefill attention launch configs ('prefill'). Writes OUT/decode_variants.json (one record per
 variant) and a short markdown table.
 Usage: python3 scripts/decode_variants.py OUT_DIR [PARTS]   (PARTS: comma list of
-gemm1,gemm4,gemmk,attn,large,pick,prefill,down32,router,pdl,compact; default gemm1,gemm4,attn)
+gemm1,gemm4,gemmk,attn,large,pick,prefill,down32,router,pdl; default gemm1,gemm4,attn)
 """
 
 from __future__ import annotations
@@ -350,23 +350,14 @@ def router_variants(recs: list) -> None:
 
 
 def pdl_variants(recs: list) -> None:
-    """Programmatic dependent launch: the decode kernels (autotuned, so one config for every variant)
-    launched plainly (WIDE_PDL=0), with PDL, and with PDL + the first weight tile loaded before the
-    wait (GEMM-MN and router only), against cuBLAS; M 1 and 4, 50% and all-active masks."""
+    """Programmatic dependent launch: the decode kernels (autotuned, so one config for both variants)
+    launched plainly (WIDE_PDL=0) and with PDL, against cuBLAS; M 1 and 4, 50% and all-active masks."""
     import os
 
-    from wide.kernels.router import _margin_triton, _router_triton, margin_decisions, router_decisions_ref
+    from wide.kernels.router import margin_decisions, margin_decisions_ref, router_decisions, router_decisions_ref
 
     gen = torch.Generator(device="cuda").manual_seed(5)
-    # (name, WIDE_PDL, preload, compact): PDL 1 waits then lets the next kernel launch, 2 only waits
-    variants = (
-        ("plain", "0", False, False),
-        ("compact", "0", False, True),
-        ("pdl-wait-trigger", "1", False, False),
-        ("pdl-wait", "2", False, False),
-        ("pdl+preload", "1", True, False),
-        ("compact+pdl-wait", "2", False, True),
-    )
+    variants = (("plain", "0"), ("pdl", "1"))
     for op in ("q", "gate_up", "o", "down"):
         n, k, g = SHAPES[op]
         sw, k_routed = op == "gate_up", op in ("o", "down")
@@ -378,38 +369,32 @@ def pdl_variants(recs: list) -> None:
             xb = [torch.randn(m, k, device="cuda", generator=gen).bfloat16() for _ in range(nc)]
             for sp in (0.5, 0.0):
                 mask = [torch.rand(m, ng, device="cuda", generator=gen) >= sp for _ in range(nc)]
+                r0 = plan_route(mask[0])
                 if k_routed:
                     xs = [a * mk.repeat_interleave(g, 1) for a, mk in zip(xb, mask, strict=True)]
                     dense = time_graph([partial(F.linear, a, b) for a, b in zip(xs, wb, strict=True)])
-                    ref32 = routed_gemm_k_ref(xs[0].float(), wb[0].float(), plan_route(mask[0]), g)
-                    low = F.linear(xs[0], wb[0])
+                    ref32, low = routed_gemm_k_ref(xs[0].float(), wb[0].float(), r0, g), F.linear(xs[0], wb[0])
+                elif sw:
+                    xs = xb
+                    dense = time_graph(
+                        [lambda a=a, b=b, c=c: F.silu(F.linear(a, b)) * F.linear(a, c) for a, b, c in zip(xb, wb, w2b)]
+                    )
+                    ref32 = routed_swiglu_ref(xb[0].float(), wb[0].float(), w2b[0].float(), r0, g)
+                    low = routed_swiglu_ref(xb[0], wb[0], w2b[0], r0, g)
                 else:
                     xs = xb
-                    if sw:
-                        dense = time_graph(
-                            [
-                                lambda a=a, b=b, c=c: F.silu(F.linear(a, b)) * F.linear(a, c)
-                                for a, b, c in zip(xb, wb, w2b)
-                            ]
-                        )
-                        ref32 = routed_swiglu_ref(xb[0].float(), wb[0].float(), w2b[0].float(), plan_route(mask[0]), g)
-                        low = routed_swiglu_ref(xb[0], wb[0], w2b[0], plan_route(mask[0]), g)
-                    else:
-                        dense = time_graph([partial(F.linear, a, b) for a, b in zip(xb, wb, strict=True)])
-                        ref32 = routed_gemm_mn_ref(xb[0].float(), wb[0].float(), plan_route(mask[0]), g)
-                        low = routed_gemm_mn_ref(xb[0], wb[0], plan_route(mask[0]), g)
-                for name, env, pre, comp in variants:
-                    if pre and k_routed:
-                        continue
+                    dense = time_graph([partial(F.linear, a, b) for a, b in zip(xb, wb, strict=True)])
+                    ref32, low = (
+                        routed_gemm_mn_ref(xb[0].float(), wb[0].float(), r0, g),
+                        routed_gemm_mn_ref(xb[0], wb[0], r0, g),
+                    )
+                for name, env in variants:
                     os.environ["WIDE_PDL"] = env
                     if k_routed:
-                        fns = [
-                            partial(small_gemm_k, a, b, mk, g, compact=comp)
-                            for a, b, mk in zip(xs, wb, mask, strict=True)
-                        ]
+                        fns = [partial(small_gemm_k, a, b, mk, g) for a, b, mk in zip(xs, wb, mask, strict=True)]
                     else:
                         fns = [
-                            partial(small_gemm_mn, a, b, c2, mk, g, True, preload=pre, compact=comp)
+                            partial(small_gemm_mn, a, b, c2, mk, g, True)
                             for a, b, c2, mk in zip(xs, wb, w2b, mask, strict=True)
                         ]
                     out = fns[0]()
@@ -428,56 +413,19 @@ def pdl_variants(recs: list) -> None:
         hs = [torch.randn(1, d, device="cuda", generator=gen).bfloat16() for _ in range(8)]
         rs = [torch.randn(1, 2 * 1024 + r, device="cuda", generator=gen).bfloat16()[:, 2048:] for _ in range(8)]
         ref = router_decisions_ref(hs[0], w_down, w_margin, b_margin)
-        for name, env, pre, comp in variants:
-            if comp:
-                continue
+        mref = margin_decisions_ref(rs[0], w_margin, b_margin)
+        for name, env in variants:
             os.environ["WIDE_PDL"] = env
-            out = _router_triton(hs[0], w_down, w_margin, b_margin, None, preload=pre)
+            out = router_decisions(hs[0], w_down, w_margin, b_margin)
             rec = {"kind": "pdl", "op": f"router N_G {ng}", "M": 1, "variant": name,
                    "decisions_differ": int((out != ref).sum())}  # fmt: skip
-            rec["wide_ms"] = time_graph(
-                [partial(_router_triton, h, w_down, w_margin, b_margin, None, preload=pre) for h in hs]
-            )
+            rec["wide_ms"] = time_graph([partial(router_decisions, h, w_down, w_margin, b_margin) for h in hs])
             _keep(recs, rec)
             rec = {"kind": "pdl", "op": f"margin N_G {ng}", "M": 1, "variant": name,
-                   "decisions_differ": int((_margin_triton(rs[0], w_margin, b_margin, pre)
-                                            != margin_decisions(rs[0], w_margin, b_margin)).sum())}  # fmt: skip
-            rec["wide_ms"] = time_graph([partial(_margin_triton, x, w_margin, b_margin, pre) for x in rs])
+                   "decisions_differ": int((margin_decisions(rs[0], w_margin, b_margin) != mref).sum())}  # fmt: skip
+            rec["wide_ms"] = time_graph([partial(margin_decisions, x, w_margin, b_margin) for x in rs])
             _keep(recs, rec)
-    os.environ["WIDE_PDL"] = "0"
-
-
-def compact_configs(recs: list) -> None:
-    """The compact grid (working programs first) over the explicit config lists, Q and O at M 1, 50%."""
-    gen = torch.Generator(device="cuda").manual_seed(6)
-    for op in ("q", "o", "down"):
-        n, k, g = SHAPES[op]
-        k_routed = op != "q"
-        nc = copies_for(n * k * 2)
-        wb = [(torch.randn(n, k, device="cuda", generator=gen) / k**0.5).bfloat16() for _ in range(nc)]
-        ng = (k if k_routed else n) // g
-        xb = [torch.randn(1, k, device="cuda", generator=gen).bfloat16() for _ in range(nc)]
-        mask = [torch.rand(1, ng, device="cuda", generator=gen) < 0.5 for _ in range(nc)]
-        if k_routed:
-            xb = [a * mk.repeat_interleave(g, 1) for a, mk in zip(xb, mask, strict=True)]
-        dense = time_graph([partial(F.linear, a, b) for a, b in zip(xb, wb, strict=True)])
-        for c in K_CFGS[op] if k_routed else MN_CFGS[op]:
-            for comp in (False, True):
-                if k_routed:
-                    fns = [partial(small_gemm_k, a, b, mk, g, config=c, compact=comp) for a, b, mk in zip(xb, wb, mask)]
-                else:
-                    fns = [
-                        partial(small_gemm_mn, a, b, None, mk, g, True, config=c, compact=comp)
-                        for a, b, mk in zip(xb, wb, mask)
-                    ]
-                rec = {"kind": "compact_cfg", "op": op, "M": 1, "sparsity": 0.5, "config": c, "compact": comp,
-                       "dense_ms": dense}  # fmt: skip
-                try:
-                    rec["wide_ms"] = time_graph(fns)
-                    rec["speedup"] = dense / rec["wide_ms"]
-                except Exception as exc:  # noqa: BLE001 - record the failure, go on
-                    rec["error"] = repr(exc)[:300]
-                _keep(recs, rec)
+    os.environ["WIDE_PDL"] = "1"
 
 
 def floor(recs: list) -> None:
@@ -512,8 +460,6 @@ def main(out_dir: str) -> None:
         router_variants(recs)
     if "pdl" in parts:
         pdl_variants(recs)
-    if "compact" in parts:
-        compact_configs(recs)
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "wall_s": time.time() - t0}
     with open(f"{out_dir}/decode_variants.json", "w") as f:
         json.dump({"meta": meta, "records": recs}, f, indent=1)

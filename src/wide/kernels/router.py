@@ -126,35 +126,19 @@ if HAS_TRITON:
         BLOCK_G: tl.constexpr,
         SPLITS: tl.constexpr,
         PDL: tl.constexpr,  # launched with programmatic dependent launch
-        PRELOAD: tl.constexpr,  # load the head and the first projection tile before the wait
     ):
+        pdl_begin(PDL)
         s = tl.program_id(0)
         offs_m = tl.arange(0, BLOCK_M)
         offs_r = tl.arange(0, BLOCK_R)
         in_m = offs_m < M
         in_r = offs_r < R
+        wm0, b0 = _load_head(wm_ptr, bm_ptr, 0, NG, R, BLOCK_R, BLOCK_G)  # used by the last program only
         d_per = tl.cdiv(tl.cdiv(D, SPLITS), BLOCK_D) * BLOCK_D
         d_lo = s * d_per
         d_hi = tl.minimum(d_lo + d_per, D)
-        offs_d0 = d_lo + tl.arange(0, BLOCK_D)
-        in_d0 = offs_d0 < d_hi
-        if PRELOAD:  # weights only (constant)
-            wm0, b0 = _load_head(wm_ptr, bm_ptr, 0, NG, R, BLOCK_R, BLOCK_G)  # used by the last program only
-            b_first = tl.load(
-                wd_ptr + offs_r[:, None] * stride_wd + offs_d0[None, :], mask=in_r[:, None] & in_d0[None, :], other=0.0
-            )
-            pdl_begin(PDL)
-        else:
-            pdl_begin(PDL)
-            wm0, b0 = _load_head(wm_ptr, bm_ptr, 0, NG, R, BLOCK_R, BLOCK_G)
         acc = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
-        d_start = d_lo
-        if PRELOAD:  # the peeled first D tile
-            a = tl.load(h_ptr + offs_m[:, None] * stride_hm + offs_d0[None, :], mask=in_m[:, None] & in_d0[None, :],
-                        other=0.0)  # fmt: skip
-            acc = tl.dot(a, tl.trans(b_first), acc, input_precision=PREC)
-            d_start += BLOCK_D
-        for d0 in range(d_start, d_hi, BLOCK_D):
+        for d0 in range(d_lo, d_hi, BLOCK_D):
             offs_d = d0 + tl.arange(0, BLOCK_D)
             in_d = offs_d < d_hi
             a_ptrs = h_ptr + offs_m[:, None] * stride_hm + offs_d[None, :]
@@ -178,17 +162,12 @@ if HAS_TRITON:
     def _margin_kernel(
         r_ptr, wm_ptr, bm_ptr, out_ptr, M, NG, R, stride_rm,
         BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr, PDL: tl.constexpr,
-        PRELOAD: tl.constexpr,
     ):  # fmt: skip
+        pdl_begin(PDL)
         offs_m = tl.arange(0, BLOCK_M)
         offs_r = tl.arange(0, BLOCK_R)
         mask = (offs_m < M)[:, None] & (offs_r < R)[None, :]
-        if PRELOAD:
-            wm0, b0 = _load_head(wm_ptr, bm_ptr, 0, NG, R, BLOCK_R, BLOCK_G)
-            pdl_begin(PDL)
-        else:
-            pdl_begin(PDL)
-            wm0, b0 = _load_head(wm_ptr, bm_ptr, 0, NG, R, BLOCK_R, BLOCK_G)
+        wm0, b0 = _load_head(wm_ptr, bm_ptr, 0, NG, R, BLOCK_R, BLOCK_G)
         r = tl.load(r_ptr + offs_m[:, None] * stride_rm + offs_r[None, :], mask=mask, other=0.0).to(tl.float32)
         _margin_store(r, wm0, b0, wm_ptr, bm_ptr, out_ptr, M, NG, R, BLOCK_M, BLOCK_R, BLOCK_G)
 
@@ -204,7 +183,7 @@ def _check_head(r: int, w_margin: torch.Tensor, b_margin: torch.Tensor) -> None:
         raise ValueError(f"router rank {r} > {MAX_RANK}")
 
 
-def _router_triton(h, w_down, w_margin, b_margin, config: dict | None, preload: bool = False):
+def _router_triton(h, w_down, w_margin, b_margin, config: dict | None):
     m, d = h.shape
     r, ng = w_down.shape[0], w_margin.shape[0]
     out = torch.empty(m, ng, dtype=torch.bool, device=h.device)
@@ -220,17 +199,12 @@ def _router_triton(h, w_down, w_margin, b_margin, config: dict | None, preload: 
     prec = "ieee" if h.dtype == torch.float32 else "tf32"
     _router_kernel[(splits,)](
         h, w_down, w_margin, b_margin, out.view(torch.uint8), ws, cnt, m, d, r, ng, h.stride(0), w_down.stride(0),
-        PREC=prec, BLOCK_M=ROUTER_BLOCK_M, BLOCK_R=block_r, BLOCK_G=_block_g(ng), **conf, **_pdl(h, preload),
+        PREC=prec, BLOCK_M=ROUTER_BLOCK_M, BLOCK_R=block_r, BLOCK_G=_block_g(ng), **conf, **pdl_launch(h),
     )  # fmt: skip
     return out
 
 
-def _pdl(t: torch.Tensor, preload: bool) -> dict:
-    flags = pdl_launch(t)
-    return flags | {"PRELOAD": preload}
-
-
-def _margin_triton(r, w_margin, b_margin, preload: bool = False):
+def _margin_triton(r, w_margin, b_margin):
     m, rank = r.shape
     ng = w_margin.shape[0]
     out = torch.empty(m, ng, dtype=torch.bool, device=r.device)
@@ -239,7 +213,7 @@ def _margin_triton(r, w_margin, b_margin, preload: bool = False):
     _margin_kernel[(1,)](
         r, w_margin, b_margin, out.view(torch.uint8), m, ng, rank, r.stride(0),
         BLOCK_M=ROUTER_BLOCK_M, BLOCK_R=max(16, next_pow2(rank)), BLOCK_G=_block_g(ng), num_warps=4,
-        **_pdl(r, preload),
+        **pdl_launch(r),
     )  # fmt: skip
     return out
 

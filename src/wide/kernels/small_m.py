@@ -98,70 +98,28 @@ if HAS_TRITON:
         SPLITS: tl.constexpr,
         BLOCK_MR: tl.constexpr,  # next_pow2(M): rows of the split reduction
         PDL: tl.constexpr,  # launched with programmatic dependent launch
-        PRELOAD: tl.constexpr,  # load the first weight tile before waiting for the previous kernel
-        COMPACT: tl.constexpr,  # 1-D grid, the tiles of the groups some token runs first
-        NG_P: tl.constexpr,  # next_pow2(NG) (COMPACT)
     ):
+        pdl_begin(PDL)
+        s = tl.program_id(0)  # K split (fastest: the splits of a tile stream its weight rows together)
+        pid_n = tl.program_id(1)
+        n0 = pid_n * BLOCK_N
+        g = n0 // G
         offs_m = tl.arange(0, BLOCK_M)
         in_m = offs_m < M
-        if COMPACT:
-            # Program p takes tile slot p // SPLITS in the order "groups some token runs, then the others"
-            # (each ascending), so the working programs are the first ones and spread over every SM
-            # instead of sitting in the grid where their groups are.
-            pdl_begin(PDL)
-            p = tl.program_id(0)
-            s = p % SPLITS
-            slot = p // SPLITS
-            offs_g = tl.arange(0, NG_P)
-            in_g = offs_g < NG
-            mt = tl.load(mask_ptr + offs_m[:, None] * NG + offs_g[None, :], mask=in_m[:, None] & in_g[None, :], other=0)
-            used = (tl.max(mt.to(tl.int32), axis=0) > 0) & in_g  # [NG_P]
-            n_used = tl.sum(used.to(tl.int32), axis=0)
-            pos = tl.where(
-                used, tl.cumsum(used.to(tl.int32), axis=0) - 1, n_used + tl.cumsum((~used).to(tl.int32), axis=0) - 1
-            )
-            tpg = G // BLOCK_N
-            g = tl.sum(tl.where(in_g & (pos == slot // tpg), offs_g, 0), axis=0)
-            pid_n = g * tpg + slot % tpg
-        else:
-            s = tl.program_id(0)  # K split (fastest: the splits of a tile stream its weight rows together)
-            pid_n = tl.program_id(1)
-            g = pid_n * BLOCK_N // G
-        n0 = pid_n * BLOCK_N
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        k_per = tl.cdiv(tl.cdiv(K, SPLITS), BLOCK_K) * BLOCK_K
-        k_lo = s * k_per
-        k_hi = tl.minimum(k_lo + k_per, K)
-        offs_k = tl.arange(0, BLOCK_K)
-        b_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + k_lo + offs_k[None, :]
-        b2_ptrs = w2_ptr + offs_n[:, None].to(tl.int64) * stride_wn + k_lo + offs_k[None, :]
-        if PRELOAD:  # weights only (constant): their latency overlaps the previous kernel's tail
-            kk0 = (k_lo + offs_k) < k_hi
-            b_first = tl.load(b_ptrs, mask=kk0[None, :], other=0.0)
-            b2_first = b_first
-            if SWIGLU:
-                b2_first = tl.load(b2_ptrs, mask=kk0[None, :], other=0.0)
-        if COMPACT:  # waited above, before reading the mask
-            pass
-        else:
-            pdl_begin(PDL)
         act = tl.load(mask_ptr + offs_m * NG + g, mask=in_m, other=0) != 0  # [BM]
+        offs_n = n0 + tl.arange(0, BLOCK_N)
         y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
         if tl.max(act.to(tl.int32), axis=0) > 0:
+            k_per = tl.cdiv(tl.cdiv(K, SPLITS), BLOCK_K) * BLOCK_K
+            k_lo = s * k_per
+            k_hi = tl.minimum(k_lo + k_per, K)
+            offs_k = tl.arange(0, BLOCK_K)
             a_ptrs = x_ptr + offs_m[:, None] * stride_xm + k_lo + offs_k[None, :]
+            b_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + k_lo + offs_k[None, :]
+            b2_ptrs = w2_ptr + offs_n[:, None].to(tl.int64) * stride_wn + k_lo + offs_k[None, :]
             acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            k_start = k_lo
-            if PRELOAD:  # the peeled first K tile
-                a = tl.load(a_ptrs, mask=act[:, None] & kk0[None, :], other=0.0)
-                acc = tl.dot(a, tl.trans(b_first), acc, input_precision=PREC)
-                if SWIGLU:
-                    acc2 = tl.dot(a, tl.trans(b2_first), acc2, input_precision=PREC)
-                a_ptrs += BLOCK_K
-                b_ptrs += BLOCK_K
-                b2_ptrs += BLOCK_K
-                k_start += BLOCK_K
-            for k0 in range(k_start, k_hi, BLOCK_K):
+            for k0 in range(k_lo, k_hi, BLOCK_K):
                 kk = (k0 + offs_k) < k_hi
                 a = tl.load(a_ptrs, mask=act[:, None] & kk[None, :], other=0.0)
                 b = tl.load(b_ptrs, mask=kk[None, :], other=0.0)
@@ -233,35 +191,16 @@ if HAS_TRITON:
         SPLITS: tl.constexpr,
         BLOCK_MR: tl.constexpr,  # next_pow2(M): rows of the split reduction
         PDL: tl.constexpr,  # launched with programmatic dependent launch
-        COMPACT: tl.constexpr,  # 1-D grid, the programs of the splits some token runs first
     ):
-        pdl_begin(PDL)  # the mask decides which weights are read: nothing to load before the wait
+        pdl_begin(PDL)
+        s = tl.program_id(0)  # split of the K groups (fastest: the splits of a tile read whole rows together)
+        pid_n = tl.program_id(1)
         offs_m = tl.arange(0, BLOCK_M)
         in_m = offs_m < M
-        gps = tl.cdiv(NG, SPLITS)  # groups per split
-        if COMPACT:
-            # Program p takes split slot p // n_tiles in the order "splits with a group some token runs,
-            # then the others": the working programs are the first ones, spread over every SM.
-            p = tl.program_id(0)
-            n_tiles = tl.num_programs(0) // SPLITS
-            offs_a = tl.arange(0, NG_P)
-            in_a = offs_a < NG
-            mt = tl.load(mask_ptr + offs_m[:, None] * NG + offs_a[None, :], mask=in_m[:, None] & in_a[None, :], other=0)
-            g_used = ((tl.max(mt.to(tl.int32), axis=0) > 0) & in_a).to(tl.int32)  # [NG_P]
-            offs_s = tl.arange(0, SPLITS)
-            s_used = tl.max(tl.where((offs_a[None, :] // gps) == offs_s[:, None], g_used[None, :], 0), axis=1) > 0
-            n_su = tl.sum(s_used.to(tl.int32), axis=0)
-            pos = tl.where(
-                s_used, tl.cumsum(s_used.to(tl.int32), axis=0) - 1, n_su + tl.cumsum((~s_used).to(tl.int32), axis=0) - 1
-            )
-            s = tl.sum(tl.where(pos == p // n_tiles, offs_s, 0), axis=0)
-            pid_n = p % n_tiles
-        else:
-            s = tl.program_id(0)  # split of the K groups (fastest: the splits of a tile read whole rows together)
-            pid_n = tl.program_id(1)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         in_n = offs_n < N
         offs_k = tl.arange(0, BLOCK_K)
+        gps = tl.cdiv(NG, SPLITS)  # groups per split
         g_lo = s * gps
         n_groups = tl.maximum(tl.minimum(gps, NG - g_lo), 0)
         # The split's groups that some token runs, compacted into list_ptr[s] (every n-tile program of
@@ -325,12 +264,6 @@ MN_MAX_SPLITS = max(c.kwargs["SPLITS"] for c in _small_mn_tuned.configs) if HAS_
 K_MAX_SPLITS = max(c.kwargs["SPLITS"] for c in _small_k_tuned.configs) if HAS_TRITON else 1
 
 
-def _compact_default() -> bool:
-    import os
-
-    return os.environ.get("WIDE_SMALL_COMPACT", "0") == "1"
-
-
 def _prec(x: torch.Tensor) -> str:
     return "ieee" if x.dtype == torch.float32 else "tf32"
 
@@ -358,14 +291,10 @@ def small_gemm_mn(
     zero: bool,
     *,
     config: dict | None = None,
-    preload: bool = False,
-    compact: bool | None = None,
 ) -> torch.Tensor:
     """x: [M, K] (M <= 16), w/w2: [N, K], mask: [M, N_G] bool -> [M, N] (SwiGLU when ``w2`` is given).
 
     ``config`` (BLOCK_N, BLOCK_K, SPLITS, num_warps, num_stages) bypasses the autotuner (benchmarks).
-    ``preload``: under PDL, load each program's first weight tile before waiting for the previous
-    kernel; only for weights that no recent kernel on the stream wrote (a served model's).
     """
     m, k = x.shape
     n = w.shape[0]
@@ -382,30 +311,16 @@ def small_gemm_mn(
     args += (x.stride(0), w.stride(0), y.stride(0))
     flags = {"SWIGLU": swiglu, "ZERO": zero, "PREC": _prec(x), "BLOCK_M": SMALL_BLOCK_M, "BLOCK_MR": next_pow2(m)}
     flags |= pdl_launch(x)
-    compact = _compact_default() if compact is None else compact
-    if preload and compact:
-        raise ValueError("preload needs the tile's group before the wait: not with compact")
-    flags |= {"PRELOAD": preload, "COMPACT": compact, "NG_P": next_pow2(n // g)}
     _check_splits(config)
-    if compact:
-        grid = lambda meta: (meta["SPLITS"] * (n // meta["BLOCK_N"]),)  # noqa: E731
-    else:
-        grid = lambda meta: (meta["SPLITS"], n // meta["BLOCK_N"])  # noqa: E731
     if config is None:
-        _small_mn_tuned[grid](*args, **flags)
+        _small_mn_tuned[lambda meta: (meta["SPLITS"], n // meta["BLOCK_N"])](*args, **flags)
     else:
-        _small_mn_kernel[grid(config)](*args, **flags, **config)
+        _small_mn_kernel[(config["SPLITS"], n // config["BLOCK_N"])](*args, **flags, **config)
     return y
 
 
 def small_gemm_k(
-    x: torch.Tensor,
-    w: torch.Tensor,
-    mask: torch.Tensor,
-    g: int,
-    *,
-    config: dict | None = None,
-    compact: bool | None = None,
+    x: torch.Tensor, w: torch.Tensor, mask: torch.Tensor, g: int, *, config: dict | None = None
 ) -> torch.Tensor:
     """x: [M, K] (M <= 16), w: [N, K], mask: [M, K // g] bool -> y [M, N] = sum of the active groups.
 
@@ -427,15 +342,10 @@ def small_gemm_k(
     lists = torch.empty(max_splits * next_pow2(ng), device=x.device, dtype=torch.int32)
     args = (x, w, y, mask.view(torch.uint8), ws, cnt, lists, m, n, k, g, ng, x.stride(0), w.stride(0))
     flags = {"NG_P": next_pow2(ng), "PREC": _prec(x), "BLOCK_M": SMALL_BLOCK_M, "BLOCK_MR": next_pow2(m)}
-    compact = _compact_default() if compact is None else compact
-    flags |= pdl_launch(x) | {"COMPACT": compact}
+    flags |= pdl_launch(x)
     _check_splits(config)
-    if compact:
-        grid = lambda meta: (meta["SPLITS"] * triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
-    else:
-        grid = lambda meta: (meta["SPLITS"], triton.cdiv(n, meta["BLOCK_N"]))  # noqa: E731
     if config is None:
-        _small_k_tuned[grid](*args, **flags)
+        _small_k_tuned[lambda meta: (meta["SPLITS"], triton.cdiv(n, meta["BLOCK_N"]))](*args, **flags)
     else:
-        _small_k_kernel[grid(config)](*args, **flags, **config)
+        _small_k_kernel[(config["SPLITS"], triton.cdiv(n, config["BLOCK_N"]))](*args, **flags, **config)
     return y
