@@ -188,22 +188,25 @@ def main() -> None:
         *harness_spread(rows),
         *decode_bandwidth(_auto(rows)),
         *attention_table(rows),
-        *e2e_table(how="compiled layer step, commit 3dac35f: routers decide in one launch at decode"),
-        *e2e_table("e2e-h200-db35a4c.json", "the same at commit db35a4c, routers through torch"),
+        *e2e_table(how="compiled layer step, commit 13ce844: decode GEMMs and routers launched with PDL"),
+        *e2e_table("e2e-h200-3dac35f.json", "the same at commit 3dac35f, before PDL"),
         *e2e_table("e2e-eager-h200.json", "eager layer step, `--quick`, commit ddf6f57"),
-        "Commands (H200 calls): kernels at commit 6799036 (kernel sources unchanged since ca2ca11), "
-        "`VARIANTS_S=0 BENCH_S=400 TEST_S=175 E2E_S=0 PROFILE_S=0 bash scripts/device_kernels.sh "
-        f"$OUT` (step `{meta['command']}`); GPU tests at 6799036: `VARIANTS_S=0 BENCH_S=0 TEST_S=420 E2E_S=0 "
-        "PROFILE_S=0 bash scripts/device_kernels.sh $OUT` (`gpu-tests-h200.log`: 526 passed, 2 failed on an "
-        "Inductor cache race between pytest-xdist workers, fixed in tests/conftest.py); "
+        "Commands (H200 calls): kernels at commit 13ce844, "
+        "`VARIANTS_S=0 BENCH_S=430 TEST_S=0 E2E_S=0 PROFILE_S=0 bash scripts/device_kernels.sh "
+        f"$OUT` (step `{meta['command']}`); e2e at 13ce844 `VARIANTS_S=0 BENCH_S=0 TEST_S=0 E2E_S=420 "
+        "PROFILE_S=0 E2E_ARGS=--compile bash scripts/device_kernels.sh $OUT`, at 3dac35f the same with "
+        "`E2E_S=380` (step `wide bench e2e --compile`); GPU tests of the routed GEMMs, routers, PDL and runtime "
+        "at 13ce844: `WIDE_AUTOTUNE_MAX=1 python3 -m pytest -q -m 'not slow' -n 8 tests/kernels/test_pdl.py "
+        "tests/kernels/test_router.py tests/kernels/test_gemm_k.py tests/kernels/test_gemm_mn.py "
+        "tests/runtime/test_runtime.py` after `source scripts/device_setup.sh` (`gpu-tests-pdl-h200.log`, 512 "
+        "passed); the whole GPU suite at 6799036 (attention and reorder kernels unchanged since): "
+        "`VARIANTS_S=0 BENCH_S=0 TEST_S=420 E2E_S=0 PROFILE_S=0 bash scripts/device_kernels.sh $OUT` "
+        "(`gpu-tests-h200.log`: 526 passed, 2 failed on an Inductor cache race between pytest-xdist workers, "
+        "fixed in tests/conftest.py); "
         'profile at c53ef79 with `WIDE_COMPILE=1 PROFILE_S=150 PROFILE_ARGS="4096 0.7"` (`profile-e2e-h200.txt`); '
-        "e2e at 3dac35f `VARIANTS_S=0 BENCH_S=0 TEST_S=0 E2E_S=380 PROFILE_S=0 E2E_ARGS=--compile bash "
-        "scripts/device_kernels.sh $OUT`, at db35a4c the same with `E2E_S=270` "
-        "(step `wide bench e2e --compile`); the runtime's GPU tests at 3dac35f: "
-        "`WIDE_AUTOTUNE_MAX=1 python3 -m pytest -m 'not slow' -n 8 tests/kernels/test_router.py "
-        "tests/runtime/test_runtime.py` after `source scripts/device_setup.sh` (`gpu-tests-runtime-h200.log`, 58 "
-        "passed); router kernel: `python3 scripts/decode_variants.py $OUT/bench router` at c53ef79 "
-        "(`router-h200.json`); eager e2e: "
+        "router kernel: `python3 scripts/decode_variants.py $OUT/bench router` at c53ef79 "
+        "(`router-h200.json`); PDL: `python3 scripts/decode_variants.py $OUT/bench pdl` "
+        "(`experiments/pdl-h200.json`); eager e2e: "
         "`wide bench e2e --quick`. Tables: `python scripts/summarize_kernels.py`.",
     ]
     (RES / "kernels-h200.summary.md").write_text("\n".join(md) + "\n")
