@@ -29,7 +29,7 @@ if [ "$BENCH_S" -gt 0 ]; then
 fi
 if [ "$TEST_S" -gt 0 ]; then
   WIDE_AUTOTUNE_MAX=1 timeout "$TEST_S" python3 -m pytest -q -m "not slow" -n 8 -p no:cacheprovider \
-    tests/kernels/test_gemm_mn.py \
+    tests/kernels/test_gemm_mn.py tests/kernels/test_router.py tests/kernels/test_pdl.py \
     tests/kernels/test_gemm_k.py tests/kernels/test_reorder.py tests/kernels/test_attention.py tests/runtime/test_runtime.py \
     > "$OUT/gpu_tests.log" 2>&1
   echo "gpu tests rc=$? $(since): $(tail -n 1 "$OUT/gpu_tests.log")"

@@ -246,3 +246,15 @@ def test_generate_dense_equals_hf_and_routed_reports_sparsity(tiny_dir, text_fil
     assert cli("generate", "--model", tiny_dir, "--routers", out, "--prompt", prompt, "--max-new-tokens", 4) == 0
     assert "real sparsity attention" in capsys.readouterr().err
     assert cli("generate", "--model", tiny_dir, "--max-new-tokens", 0) == 2  # clear error, no traceback
+
+
+def test_bench_e2e_subset_options_parse_and_reject_bad_lists(capsys):
+    from wide.cli import build_parser
+
+    a = build_parser().parse_args(["bench", "e2e", "--batches", "1,16", "--sparsities", "0.5,0.7"])
+    assert a.batches == (1, 16) and a.sparsities == (0.5, 0.7)
+    for bad in (["--batches", "1,x"], ["--batches", "0"], ["--sparsities", "1.5"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["bench", "e2e", *bad])
+        err = capsys.readouterr().err
+        assert "expected a comma list" in err or "must lie in" in err

@@ -281,11 +281,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         from wide.bench.e2e import run_e2e_bench
 
         t = time.time()
-        kw = {}
-        if a.batches:
-            kw["batches"] = tuple(int(b) for b in a.batches.split(","))
-        if a.sparsities:
-            kw["sparsities"] = tuple(float(s) for s in a.sparsities.split(","))
+        kw = {k: v for k, v in (("batches", a.batches), ("sparsities", a.sparsities)) if v}
         rows = run_e2e_bench(a.out, quick=a.quick, compile=a.compile, **kw)
         print(f"{len(rows)} records in {time.time() - t:.0f}s -> {a.out}")
         return 0
@@ -293,6 +289,21 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------- parser
+def _csv(cast, lo, hi):
+    """argparse type: a comma list of ``cast`` values in [lo, hi] -> tuple."""
+
+    def parse(text: str) -> tuple:
+        try:
+            vals = tuple(cast(v) for v in text.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a comma list of {cast.__name__}s, got {text!r}") from None
+        if any(v < lo or (hi is not None and v > hi) for v in vals):
+            raise argparse.ArgumentTypeError(f"values must lie in [{lo}, {hi if hi is not None else '∞'}]: {text!r}")
+        return vals
+
+    return parse
+
+
 def _add_training_args(p: argparse.ArgumentParser, *, lr: float) -> None:
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--seq-len", type=int, default=2048)
@@ -433,8 +444,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--compile", action="store_true", help="e2e: torch.compile the runtime's layer step (dense and WIDE alike)"
     )
-    b.add_argument("--batches", help="e2e: comma list of batch sizes (default 1,16)")
-    b.add_argument("--sparsities", help="e2e: comma list of WIDE sparsity levels (default 0,0.25,0.5,0.7)")
+    b.add_argument("--batches", type=_csv(int, 1, None), help="e2e: comma list of batch sizes (default 1,16)")
+    b.add_argument(
+        "--sparsities",
+        type=_csv(float, 0.0, 0.99),
+        help="e2e: comma list of WIDE sparsity levels (default 0,0.25,0.5,0.7)",
+    )
     b.set_defaults(func=cmd_bench)
     return p
 
