@@ -7,7 +7,7 @@ copies in one CUDA graph). Also sweeps the sorted GEMM-MN tile configs at M = 40
 routed prefill attention launch configs ('prefill'). Writes OUT/decode_variants.json (one record per
 variant) and a short markdown table.
 Usage: python3 scripts/decode_variants.py OUT_DIR [PARTS]   (PARTS: comma list of
-gemm1,gemm4,gemmk,attn,large,pick,prefill,down32,router,pdl,own_list; default gemm1,gemm4,attn)
+gemm1,gemm4,gemmk,attn,large,pick,prefill,down32,router,pdl; default gemm1,gemm4,attn)
 """
 
 from __future__ import annotations
@@ -428,31 +428,6 @@ def pdl_variants(recs: list) -> None:
     os.environ["WIDE_PDL"] = "1"
 
 
-def own_list_variants(recs: list) -> None:
-    """Decode GEMM-K (O, down G 128; M 1, 4; 50%): one active-group list per split (shared by the split's
-    programs) vs one per program, autotuned once, same inputs, timed alternately twice."""
-    gen = torch.Generator(device="cuda").manual_seed(7)
-    for op in ("o", "down"):
-        n, k, g = SHAPES[op]
-        nc = copies_for(n * k * 2)
-        wb = [(torch.randn(n, k, device="cuda", generator=gen) / k**0.5).bfloat16() for _ in range(nc)]
-        for m in (1, 4):
-            mask = [torch.rand(m, k // g, device="cuda", generator=gen) < 0.5 for _ in range(nc)]
-            xs = [
-                torch.randn(m, k, device="cuda", generator=gen).bfloat16() * mk.repeat_interleave(g, 1) for mk in mask
-            ]
-            dense = time_graph([partial(F.linear, a, b) for a, b in zip(xs, wb, strict=True)])
-            base = small_gemm_k(xs[0], wb[0], mask[0], g)
-            for rep in range(2):
-                for own in (False, True):
-                    fns = [partial(small_gemm_k, a, b, mk, g, own_list=own) for a, b, mk in zip(xs, wb, mask)]
-                    rec = {"kind": "own_list", "op": op, "M": m, "sparsity": 0.5, "own_list": own, "rep": rep,
-                           "dense_ms": dense, "same_as_shared": torch.equal(fns[0](), base)}  # fmt: skip
-                    rec["wide_ms"] = time_graph(fns)
-                    rec["speedup"] = dense / rec["wide_ms"]
-                    _keep(recs, rec)
-
-
 def floor(recs: list) -> None:
     """Time per call of a trivial kernel in the harness (back-to-back in one graph): its fixed cost."""
     t = torch.zeros(1, device="cuda")
@@ -485,8 +460,6 @@ def main(out_dir: str) -> None:
         router_variants(recs)
     if "pdl" in parts:
         pdl_variants(recs)
-    if "own_list" in parts:
-        own_list_variants(recs)
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "wall_s": time.time() - t0}
     with open(f"{out_dir}/decode_variants.json", "w") as f:
         json.dump({"meta": meta, "records": recs}, f, indent=1)

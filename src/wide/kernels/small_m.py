@@ -191,8 +191,6 @@ if HAS_TRITON:
         SPLITS: tl.constexpr,
         BLOCK_MR: tl.constexpr,  # next_pow2(M): rows of the split reduction
         PDL: tl.constexpr,  # launched with programmatic dependent launch
-        OWN_LIST: tl.constexpr,  # each program its own list (>= one 128-byte line), not one per split
-        LIST_STRIDE: tl.constexpr,  # max(NG_P, 32)
     ):
         pdl_begin(PDL)
         s = tl.program_id(0)  # split of the K groups (fastest: the splits of a tile read whole rows together)
@@ -213,10 +211,7 @@ if HAS_TRITON:
         used = tl.max(tl.where(in_m[:, None] & g_in[None, :], m_tile, 0).to(tl.int32), axis=0) != 0  # [NG_P]
         slot = tl.cumsum(used.to(tl.int32), axis=0) - 1
         n_act = tl.sum(used.to(tl.int32), axis=0)
-        if OWN_LIST:
-            lst = list_ptr + (pid_n * SPLITS + s) * LIST_STRIDE
-        else:
-            lst = list_ptr + s * NG_P
+        lst = list_ptr + s * NG_P
         tl.store(lst + slot, g_lo + offs_g, mask=used)
         tl.debug_barrier()
         tiles_per_group = G // BLOCK_K
@@ -325,7 +320,7 @@ def small_gemm_mn(
 
 
 def small_gemm_k(
-    x: torch.Tensor, w: torch.Tensor, mask: torch.Tensor, g: int, *, config: dict | None = None, own_list: bool = False
+    x: torch.Tensor, w: torch.Tensor, mask: torch.Tensor, g: int, *, config: dict | None = None
 ) -> torch.Tensor:
     """x: [M, K] (M <= 16), w: [N, K], mask: [M, K // g] bool -> y [M, N] = sum of the active groups.
 
@@ -344,10 +339,10 @@ def small_gemm_k(
     n_pad = triton.cdiv(n, 32) * 64  # tiles of >= 32 columns, each padded to at most 64
     ws = _workspace(x, n_pad, max_splits)
     cnt = tile_counters(x, triton.cdiv(n, 32))
-    lists = torch.empty(triton.cdiv(n, 32) * max_splits * max(next_pow2(ng), 32), device=x.device, dtype=torch.int32)
+    lists = torch.empty(max_splits * next_pow2(ng), device=x.device, dtype=torch.int32)
     args = (x, w, y, mask.view(torch.uint8), ws, cnt, lists, m, n, k, g, ng, x.stride(0), w.stride(0))
     flags = {"NG_P": next_pow2(ng), "PREC": _prec(x), "BLOCK_M": SMALL_BLOCK_M, "BLOCK_MR": next_pow2(m)}
-    flags |= pdl_launch(x) | {"OWN_LIST": own_list, "LIST_STRIDE": max(next_pow2(ng), 32)}
+    flags |= pdl_launch(x)
     _check_splits(config)
     if config is None:
         _small_k_tuned[lambda meta: (meta["SPLITS"], triton.cdiv(n, meta["BLOCK_N"]))](*args, **flags)
