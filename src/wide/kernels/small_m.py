@@ -15,7 +15,9 @@ about half of the weight bytes. Masks are [M, N_G] bool (viewed as uint8).
 Both split K when one split per output tile would leave HBM idle (Q: 4,096 columns, half of them
 skipped, is 64 programs of 32 columns). The splits are reduced inside the kernel by the last program
 of each tile, in split order (``_split_reduce``): one launch, bit-identical repeats. The autotuner
-picks the split count with the tile shape.
+picks the split count with the tile shape. On sm_90+ both launch with programmatic dependent launch
+(``_triton_utils.pdl_launch``): scheduled as soon as the previous kernel's programs exit, they wait for
+its writes as their first statement (0.0-0.6 µs less per call, bench/results/experiments/pdl-h200.json).
 """
 
 from __future__ import annotations
