@@ -7,6 +7,7 @@ import torch
 
 from tests.conftest import tiny_model
 from wide.config import WideConfig
+from wide.kernels import router_decisions
 from wide.model import WideModel
 from wide.runtime import GraphedPrefill, WideRuntime, generate
 from wide.runtime.model import fuse_linears
@@ -58,7 +59,7 @@ def test_folded_router_heads_decide_like_the_routers():
     h = torch.randn(2, 5, 64)
     for i, r in enumerate(wm.routers):
         for j, router in enumerate((r.attn, r.ffn)):
-            assert torch.equal(rt._decisions(rt.heads[i][j], h), router.skip_margin(h) <= 0)
+            assert torch.equal(router_decisions(h, *rt.heads[i][j]), router.skip_margin(h) <= 0)
 
 
 def test_fuse_linears_shares_storage_and_keeps_the_modules():

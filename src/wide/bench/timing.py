@@ -68,15 +68,9 @@ def time_interleaved(captured: Sequence[tuple[torch.cuda.CUDAGraph, int]], repla
 
 def time_calls(fns: Sequence[Callable[[], object]], target_ms: float = 3.0, replays: int = 7) -> float:
     """Median ms per call of CUDA-graph replays of back-to-back calls cycling through ``fns``."""
-    captured = capture_calls(fns, target_ms)
-    ms = time_interleaved([captured], replays)[0]
-    del captured
-    return ms
+    return time_interleaved([capture_calls(fns, target_ms)], replays)[0]
 
 
 def time_together(fn_lists: Sequence[Sequence[Callable[[], object]]], target_ms: float = 3.0) -> list[float]:
     """``time_calls`` of several variants (e.g. dense and WIDE), their replays interleaved."""
-    captured = [capture_calls(fns, target_ms) for fns in fn_lists]
-    ms = time_interleaved(captured)
-    del captured
-    return ms
+    return time_interleaved([capture_calls(fns, target_ms) for fns in fn_lists])

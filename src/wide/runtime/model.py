@@ -315,10 +315,6 @@ class WideRuntime:
         b_margin = (b[:, SKIP] - b[:, EXECUTE] + router.skip_bias.detach().float()).contiguous()
         return router.down.weight.detach().to(dtype).contiguous(), w_margin, b_margin
 
-    def _decisions(self, head: tuple[torch.Tensor, torch.Tensor, torch.Tensor], h: torch.Tensor) -> torch.Tensor:
-        """h: [B, T, D] -> execute mask [B, T, N_G] bool (``wide.kernels.router_decisions``)."""
-        return K.router_decisions(h, *head)
-
     def _forward(self, ids: torch.Tensor, pos: torch.Tensor, decode: bool) -> torch.Tensor:
         """ids: [B, T], pos: [B, T] absolute positions -> logits of the last position [B, V]."""
         x = self.hf.model.embed_tokens(ids)  # [B, T, D]
