@@ -7,7 +7,7 @@ copies in one CUDA graph). Also sweeps the sorted GEMM-MN tile configs at M = 40
 routed prefill attention launch configs ('prefill'). Writes OUT/decode_variants.json (one record per
 variant) and a short markdown table.
 Usage: python3 scripts/decode_variants.py OUT_DIR [PARTS]   (PARTS: comma list of
-gemm1,gemm4,gemmk,attn,large,pick,prefill,down32,router,pdl; default gemm1,gemm4,attn)
+gemm1,gemm4,gemmk,attn,large,pick,prefill,down32,router,pdl,ordered; default gemm1,gemm4,attn)
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from wide.bench import attention_bench as AB
-from wide.bench.gemm_bench import time_graph
+from wide.bench.gemm_bench import time_graph, time_variants
 from wide.bench.timing import copies_for
 from wide.kernels import attention as A
 from wide.kernels.attention_reference import attention_decode_ref
@@ -428,6 +428,77 @@ def pdl_variants(recs: list) -> None:
     os.environ["WIDE_PDL"] = "1"
 
 
+def ordered_variants(recs: list) -> None:
+    """GEMM-K 'ordered' (rows in the shared Gray pattern order, a tile skips the groups none of its
+    rows runs) against cuBLAS on the pre-zeroed input ('masked_dense', what 'auto' runs at large M):
+    O (G 512) at M 1024 / 4096 / 16384 and sparsity 0-70%, down (G 128) at M 4096, 50%. 'ordered'
+    computes its order in the call; '_pre' variants get it precomputed (Gray / binary order)."""
+    from wide.kernels import clear_autotune_cache
+    from wide.kernels import gemm_k as GK
+    from wide.kernels.gemm_k import routed_gemm_k
+    from wide.kernels.reorder import pattern_order
+
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    all_cfgs = list(GK._ordered.configs)
+    sweep = {("o", 4096, 0.5), ("o", 16384, 0.5), ("o", 4096, 0.0), ("o", 4096, 0.7)}
+    for op, m, sps in (("o", 1024, (0.0, 0.5, 0.7)), ("o", 4096, (0.0, 0.25, 0.5, 0.7)),
+                       ("o", 16384, (0.0, 0.5, 0.7)), ("down", 4096, (0.5,))):  # fmt: skip
+        n, k, g = SHAPES[op]
+        nc = copies_for(n * k * 2 + m * k * 2)
+        w = [torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) / k**0.5 for _ in range(nc)]
+        x = [torch.randn(m, k, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(nc)]
+        for sp in sps:
+            masks = [torch.rand(m, k // g, device="cuda", generator=gen) >= sp for _ in range(nc)]
+            xz = [a * mk.repeat_interleave(g, 1).to(a.dtype) for a, mk in zip(x, masks, strict=True)]
+            routes = [plan_route(mk) for mk in masks]
+            pre = [r._replace(order=pattern_order(r.mask)) for r in routes]
+            lex = [r._replace(order=pattern_order(r.mask, gray=False)) for r in routes]
+            base = {"kind": "gemm_k_ordered", "op": op, "M": m, "group_size": g, "sparsity": sp, "copies": nc}
+            ref32 = routed_gemm_k_ref(xz[0].float(), w[0].float(), routes[0], g)
+            low = F.linear(xz[0], w[0])
+            clear_autotune_cache()
+            checks = {}
+            for name, zeroed, rs, xs in (("ordered", True, routes, xz), ("ordered_masked_x", False, routes, x)):
+                ok, e, b = err_ok(routed_gemm_k(xs[0], w[0], rs[0], g, algo="ordered", x_zeroed=zeroed), ref32, low)
+                checks[name] = {"ok": ok, "err": e, "torch_bf16_err": b}
+
+            def calls(xs, rs, ws=w, **kw):
+                return [partial(routed_gemm_k, a, b, r, g, **kw) for a, b, r in zip(xs, ws, rs, strict=True)]
+
+            variants = {
+                "cublas_dense": [partial(F.linear, a, b) for a, b in zip(xz, w, strict=True)],
+                "masked_dense": calls(xz, routes, algo="masked_dense", x_zeroed=True),
+                "ordered": calls(xz, routes, algo="ordered", x_zeroed=True),
+                "ordered_pre": calls(xz, pre, algo="ordered", x_zeroed=True),
+                "ordered_pre_binary": calls(xz, lex, algo="ordered", x_zeroed=True),
+                "ordered_masked_x": calls(x, pre, algo="ordered"),
+            }
+            for f in variants["ordered"][:1]:
+                f()  # autotune on these masks before timing
+            best = str(GK._ordered.best_config)
+            times = time_variants(list(variants.values()))
+            t = dict(zip(variants, times, strict=True))
+            rec = dict(base, checks=checks, best_config=best, times_ms=t,
+                       order_ms=time_graph([partial(pattern_order, mk) for mk in masks]),
+                       speedup_vs_cublas={kk: t["cublas_dense"] / v for kk, v in t.items()})  # fmt: skip
+            rec["wide_ms"], rec["speedup"] = t["ordered"], t["cublas_dense"] / t["ordered"]
+            _keep(recs, rec)
+            if (op, m, sp) in sweep:  # each config forced alone
+                for c in all_cfgs:
+                    GK._ordered.configs = [c]
+                    clear_autotune_cache()
+                    try:
+                        ms = time_graph(variants["ordered_pre"])
+                        _keep(recs, dict(base, kind="gemm_k_ordered_cfg", config=str(c), wide_ms=ms,
+                                         speedup=t["cublas_dense"] / ms))  # fmt: skip
+                    except Exception as exc:  # noqa: BLE001
+                        _keep(recs, dict(base, kind="gemm_k_ordered_cfg", config=str(c), error=repr(exc)[:300]))
+                GK._ordered.configs = all_cfgs
+                clear_autotune_cache()
+        del w, x
+        torch.cuda.empty_cache()
+
+
 def floor(recs: list) -> None:
     """Time per call of a trivial kernel in the harness (back-to-back in one graph): its fixed cost."""
     t = torch.zeros(1, device="cuda")
@@ -460,6 +531,8 @@ def main(out_dir: str) -> None:
         router_variants(recs)
     if "pdl" in parts:
         pdl_variants(recs)
+    if "ordered" in parts:
+        ordered_variants(recs)
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "wall_s": time.time() - t0}
     with open(f"{out_dir}/decode_variants.json", "w") as f:
         json.dump({"meta": meta, "records": recs}, f, indent=1)

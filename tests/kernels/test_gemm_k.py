@@ -17,7 +17,7 @@ CPU_SHAPES = [
     (1, 1, 40, 512, 32),
     (4, 1, 33, 96, 16),
 ]
-ALGOS = ["small", "stationary", "atomic", "masked_dense", "auto"]
+ALGOS = ["small", "stationary", "atomic", "masked_dense", "ordered", "auto"]
 DTYPES = [torch.float32, torch.float16]
 
 
@@ -57,8 +57,9 @@ def test_gemm_k_x_zeroed_and_planned_route(m, kernel_device):
     planned = plan_route(mask[0])
     ref = routed_gemm_k_ref(x, w, route, 16)
     for r in (route, planned):
-        torch.testing.assert_close(routed_gemm_k(xz, w, r, 16, x_zeroed=True), ref, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(routed_gemm_k(x, w, r, 16), ref, rtol=1e-5, atol=1e-5)
+        for algo in ("auto", "ordered"):
+            torch.testing.assert_close(routed_gemm_k(xz, w, r, 16, x_zeroed=True, algo=algo), ref, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(routed_gemm_k(x, w, r, 16, algo=algo), ref, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="reorder index"):
         routed_gemm_k(x, w, planned, 16, algo="stationary")
 
@@ -66,7 +67,7 @@ def test_gemm_k_x_zeroed_and_planned_route(m, kernel_device):
 def test_gemm_k_deterministic_and_mask_rebuild(kernel_device):
     x, w = _inputs(19, 40, 64, torch.float32, kernel_device)
     _, route = make_route("random", 1, 19, 4, kernel_device)
-    for algo in ("stationary", "auto", "small"):
+    for algo in ("stationary", "ordered", "auto", "small"):
         xa, ra = (x[:7], reorder(route_mask(route)[:7])) if algo == "small" else (x, route)
         a = routed_gemm_k(xa, w, ra, 16, deterministic=True, algo=algo)
         b = routed_gemm_k(xa, w, ra, 16, deterministic=True, algo=algo)
@@ -106,7 +107,7 @@ def test_gemm_k_compiles(monkeypatch):
     r = reorder(mask)
     torch.library.opcheck(
         torch.ops.wide.routed_gemm_k.default,
-        (x, w, r.idx, r.count, r.mask, 16, "stationary", False),
+        (x, w, r.idx, r.count, r.mask, r.idx.new_empty(0), 16, "stationary", False),
         test_utils=("test_schema", "test_faketensor"),
     )
     monkeypatch.setenv("TRITON_INTERPRET", "0")
@@ -133,7 +134,10 @@ def test_gemm_k_gpu(op, bt, mode):
     mask, route = make_route(mode, b, t, k // gs, "cuda")
     _check_k(x, w, route, gs)
     _check_k(x, w, route, gs, "stationary")
-    _check_k(x * mask.reshape(b * t, -1).repeat_interleave(gs, 1).to(x.dtype), w, route, gs, x_zeroed=True)
+    _check_k(x, w, route, gs, "ordered")
+    xz = x * mask.reshape(b * t, -1).repeat_interleave(gs, 1).to(x.dtype)
+    _check_k(xz, w, route, gs, x_zeroed=True)
+    _check_k(xz, w, route, gs, "ordered", x_zeroed=True)
     if b * t <= 16:
         _check_k(x, w, route, gs, "small")
     if b * t > 256:
@@ -146,14 +150,16 @@ def test_gemm_k_gpu(op, bt, mode):
 def test_gemm_k_deterministic_gpu(m):
     x, w = _inputs(m, 4096, 4096, torch.bfloat16, "cuda")
     _, route = make_route("random", 1, m, 8, "cuda")
-    for algo in ("auto", "stationary"):
+    for algo in ("auto", "stationary", "ordered"):
         outs = [routed_gemm_k(x, w, route, 512, deterministic=True, algo=algo) for _ in range(3)]
         assert all(torch.equal(outs[0], o) for o in outs[1:])
 
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("algo,m", [("auto", 600), ("stationary", 600), ("atomic", 600), ("auto", 3)])
+@pytest.mark.parametrize(
+    "algo,m", [("auto", 600), ("stationary", 600), ("atomic", 600), ("ordered", 600), ("ordered", 5), ("auto", 3)]
+)
 def test_gemm_k_cuda_graph(algo, m):
     x, w = _inputs(m, 576, 1536, torch.bfloat16, "cuda")
     mask = torch.rand(m, 12, device="cuda") < 0.5

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tests.kernels.conftest import HAS_CUDA, gpu
-from wide.kernels.reorder import RouteIndex, reorder, reorder_reference
+from wide.kernels.reorder import RouteIndex, pattern_order, reorder, reorder_reference
 
 
 def _check(mask):
@@ -38,6 +38,42 @@ def test_reorder_accepts_int_mask_and_rejects_bad_rank():
     assert torch.equal(reorder(m).idx, reorder_reference(m.bool()).idx)
     with pytest.raises(ValueError):
         reorder(torch.ones(2, 2, 2, 2, dtype=torch.bool))
+
+
+def _tile_groups_used(mask: torch.Tensor, order: torch.Tensor, rows: int) -> float:
+    """Mean fraction of groups some row of a tile of ``rows`` consecutive ordered rows runs."""
+    m = mask[order.long()]
+    pad = (-m.shape[0]) % rows
+    m = torch.cat([m, m.new_zeros(pad, m.shape[1])]).view(-1, rows, m.shape[1])
+    return m.any(1).float().mean().item()
+
+
+@pytest.mark.parametrize("gray", [True, False])
+def test_pattern_order_sorts_patterns(gray):
+    g = torch.Generator().manual_seed(3)
+    mask = torch.rand(2, 1500, 8, generator=g) < 0.5  # [B, T, N_G]
+    order = pattern_order(mask, gray=gray)
+    assert order.dtype == torch.int32 and torch.equal(order.sort().values, torch.arange(3000, dtype=torch.int32))
+    flat = mask.reshape(-1, 8)[order.long()]
+    code = (flat.int() * (1 << torch.arange(7, -1, -1))).sum(1)  # binary pattern, group 0 highest
+    if gray:  # consecutive distinct patterns differ in exactly one group
+        changes = code[1:] != code[:-1]
+        assert ((flat[1:] ^ flat[:-1]).sum(1)[changes] == 1).all()
+    else:
+        assert (code[1:] >= code[:-1]).all()
+    same = code[1:] == code[:-1]  # stable: equal patterns keep their row order
+    assert (order[1:][same] > order[:-1][same]).all()
+    # what the order is for: tiles of consecutive rows leave groups unused (natural order: none)
+    natural = torch.arange(3000)
+    assert _tile_groups_used(mask.reshape(-1, 8), natural, 64) > 0.99
+    assert _tile_groups_used(mask.reshape(-1, 8), order, 64) < (0.86 if gray else 0.9)
+
+
+def test_pattern_order_edge_masks():
+    assert torch.equal(pattern_order(torch.ones(5, 3, dtype=torch.bool)), torch.arange(5, dtype=torch.int32))
+    assert torch.equal(pattern_order(torch.zeros(1, 1, dtype=torch.bool)), torch.zeros(1, dtype=torch.int32))
+    wide_mask = torch.rand(40, 100, generator=torch.Generator().manual_seed(0)) < 0.5  # > 30 groups
+    assert torch.equal(pattern_order(wide_mask).sort().values, torch.arange(40, dtype=torch.int32))
 
 
 @gpu

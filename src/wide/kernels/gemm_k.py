@@ -35,13 +35,14 @@ from ._triton_utils import (
     ensure_allocator,
     largest_pow2_divisor,
     m_bucket,
+    next_pow2,
     tma_supported,
     use_triton,
 )
 from .dense_mid import masked_dense_gemm_k
 from .gemm_mn import validate_route
 from .reference import routed_gemm_k_ref
-from .reorder import RouteIndex, has_index, route_mask
+from .reorder import RouteIndex, has_index, pattern_order, route_mask
 from .small_m import small_gemm_k
 
 if HAS_TRITON:
@@ -202,6 +203,77 @@ if HAS_TRITON:
             o = ws_ptr + rows[:, None] * N + offs_n[None, :]
             tl.atomic_add(o, acc, mask=act[:, None] & in_n[None, :], sem="relaxed")
 
+    @triton.jit(do_not_specialize=["M", "M_BUCKET"])
+    def _gemm_k_ordered_kernel(
+        x_ptr,  # [M, K]
+        w_ptr,  # [N, K]
+        mask_ptr,  # [M, N_G] uint8
+        order_ptr,  # [M] int32: the shared row order (pattern_order)
+        y_ptr,  # [M, N]
+        M,
+        N,
+        K,
+        G,
+        NG,
+        stride_xm,
+        stride_wn,
+        M_BUCKET,
+        MASK_ROWS: tl.constexpr,
+        PREC: tl.constexpr,
+        NG_P2: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        GROUP_M: tl.constexpr,
+        USE_TMA: tl.constexpr,
+    ):
+        pid = tl.program_id(0)
+        num_pid_m = tl.cdiv(M, BLOCK_M)
+        num_pid_n = tl.cdiv(N, BLOCK_N)
+        per_group = GROUP_M * num_pid_n
+        first_m = (pid // per_group) * GROUP_M
+        gm = min(num_pid_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % per_group) % gm
+        pid_n = (pid % per_group) // gm
+
+        offs_p = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # positions in the shared order
+        in_m = offs_p < M
+        rows = tl.load(order_ptr + offs_p, mask=in_m, other=0).to(tl.int64)  # [BLOCK_M] row ids
+        n0 = pid_n * BLOCK_N
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        in_n = offs_n < N
+        # the groups some row of this tile runs, in ascending order: slot[g] = rank among them
+        gcol = tl.arange(0, NG_P2)
+        tile_mask = tl.load(
+            mask_ptr + rows[:, None] * NG + gcol[None, :], mask=in_m[:, None] & (gcol < NG)[None, :], other=0
+        )  # [BLOCK_M, NG_P2]
+        used = tl.max((tile_mask != 0).to(tl.int32), axis=0)  # [NG_P2]
+        slot = tl.cumsum(used, axis=0) - used
+        steps = G // BLOCK_K  # K tiles per group
+        offs_k = tl.arange(0, BLOCK_K)
+        a_base = x_ptr + rows[:, None] * stride_xm + offs_k[None, :]
+        if USE_TMA:
+            wd = tl.make_tensor_descriptor(w_ptr, [N, K], [stride_wn, 1], [BLOCK_N, BLOCK_K])
+        else:
+            b_base = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for j in range(0, tl.sum(used, axis=0) * steps):  # only the used groups' K tiles
+            s = j // steps
+            g = tl.sum(tl.where((slot == s) & (used != 0), gcol, 0), axis=0)
+            k0 = g * G + (j - s * steps) * BLOCK_K
+            if MASK_ROWS:  # x not pre-zeroed: rows that do not run g contribute nothing
+                act = tl.load(mask_ptr + rows * NG + g, mask=in_m, other=0) != 0
+                a = tl.load(a_base + k0, mask=act[:, None], other=0.0)
+            else:
+                a = tl.load(a_base + k0, mask=in_m[:, None], other=0.0)
+            if USE_TMA:
+                b = wd.load([n0, k0])
+            else:
+                b = tl.load(b_base + k0, mask=in_n[:, None], other=0.0)
+            acc = tl.dot(a, tl.trans(b), acc, input_precision=PREC)
+        y_ptrs = y_ptr + rows[:, None] * N + offs_n[None, :]
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=in_m[:, None] & in_n[None, :])
+
     _KEY = ["M_BUCKET", "N", "K", "G"]
     # split / small-M stationary: BLOCK_M, BLOCK_N fixed by the host (workspace shape depends on them)
     _stat_split = triton.autotune(
@@ -233,6 +305,20 @@ if HAS_TRITON:
         prune_configs_by={"early_config_prune": _prune_k},
     )(_gemm_k_atomic_kernel)
 
+    _ordered = triton.autotune(
+        configs=[
+            _cfg(128, 128, 64, 4, 8),
+            _cfg(128, 256, 64, 3, 8),
+            _cfg(64, 256, 64, 4, 8),
+            _cfg(64, 128, 64, 4, 4),
+            _cfg(128, 128, 64, 4, 8, tma=True),
+            _cfg(128, 256, 64, 3, 8, tma=True),
+            _cfg(64, 256, 64, 4, 8, tma=True),
+        ],
+        key=_KEY + ["MASK_ROWS"],
+        prune_configs_by={"early_config_prune": _prune_k},
+    )(_gemm_k_ordered_kernel)
+
 
 def choose_algo(m: int, group_size: int, deterministic: bool) -> str:
     """Host-side schedule choice from shapes only: 'small' at M <= SMALL_M_K for groups of >= 64
@@ -261,7 +347,29 @@ def _split_plan(m: int, n: int, k: int, g: int, n_sms: int) -> tuple[int, int, i
     return bm, bn, s
 
 
-def _launch_k(x, w, idx, count, mask, g: int, algo: str) -> torch.Tensor:
+def _launch_ordered(x, w, mask_u8, order, y, g: int, x_zeroed: bool, prec: str) -> torch.Tensor:
+    m, k = x.shape
+    n = w.shape[0]
+    ng = k // g
+    args = (x, w, mask_u8, order, y, m, n, k, g, ng, x.stride(0), w.stride(0), m_bucket(m))
+    flags = {"MASK_ROWS": not x_zeroed, "PREC": prec, "NG_P2": max(2, next_pow2(ng))}
+    if not x.is_cuda:  # interpreter: one fixed small config
+        cfg = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": largest_pow2_divisor(g, 32), "GROUP_M": 2, "USE_TMA": False}
+        grid = (triton.cdiv(m, 16) * triton.cdiv(n, 32),)
+        _gemm_k_ordered_kernel[grid](*args, **flags, **cfg)
+        return y
+    _STATE["tma"] = tma_supported(x.device.index or 0)
+    if _STATE["tma"]:
+        ensure_allocator()
+
+    def grid(meta):
+        return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
+
+    _ordered[grid](*args, **flags)
+    return y
+
+
+def _launch_k(x, w, idx, count, mask, order, g: int, algo: str, x_zeroed: bool) -> torch.Tensor:
     m, k = x.shape
     n = w.shape[0]
     ng = k // g
@@ -271,6 +379,8 @@ def _launch_k(x, w, idx, count, mask, g: int, algo: str) -> torch.Tensor:
     prec = "ieee" if x.dtype == torch.float32 else "tf32"
     mb = m_bucket(m)
     mask_u8 = mask.view(torch.uint8)
+    if algo == "ordered":
+        return _launch_ordered(x, w, mask_u8, order, y, g, x_zeroed, prec)
     if not x.is_cuda:  # interpreter: fixed small configs
         bk = largest_pow2_divisor(g, 32)
         if algo == "atomic":
@@ -328,6 +438,7 @@ def _gemm_k_op(
     idx: torch.Tensor,
     count: torch.Tensor,
     mask: torch.Tensor,
+    order: torch.Tensor,
     group_size: int,
     algo: str,
     x_zeroed: bool,
@@ -337,17 +448,17 @@ def _gemm_k_op(
     if use_triton(x):
         if algo == "small":
             return small_gemm_k(x, w, mask, group_size)
-        return _launch_k(x, w, idx, count, mask, group_size, algo)
+        return _launch_k(x, w, idx, count, mask, order, group_size, algo, x_zeroed)
     e = idx.new_empty((0, idx.shape[0]))
     return routed_gemm_k_ref(x, w, RouteIndex(idx, count, e, e, mask), group_size)
 
 
 @_gemm_k_op.register_fake
-def _(x, w, idx, count, mask, group_size, algo, x_zeroed):
+def _(x, w, idx, count, mask, order, group_size, algo, x_zeroed):
     return x.new_empty((x.shape[0], w.shape[0]))
 
 
-ALGOS = ("auto", "small", "masked_dense", "stationary", "atomic")
+ALGOS = ("auto", "small", "masked_dense", "ordered", "stationary", "atomic")
 
 
 def routed_gemm_k(
@@ -382,6 +493,11 @@ def routed_gemm_k(
     mask = route_mask(route)
     if mask.dtype != torch.bool or tuple(mask.shape) != (m, route.idx.shape[0]):
         raise ValueError(f"route.mask must be bool [M, N_G], got {mask.dtype} {tuple(mask.shape)}")
+    order = route.idx.new_empty(0)
+    if algo == "ordered":
+        order = route.order if route.order is not None else pattern_order(mask)
+        if order.dtype != torch.int32 or tuple(order.shape) != (m,):
+            raise ValueError(f"route.order must be int32 [M], got {order.dtype} {tuple(order.shape)}")
     return _gemm_k_op(
-        x.contiguous(), w.contiguous(), route.idx, route.count, mask.contiguous(), group_size, algo, x_zeroed
+        x.contiguous(), w.contiguous(), route.idx, route.count, mask.contiguous(), order, group_size, algo, x_zeroed
     )

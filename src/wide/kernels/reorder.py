@@ -28,6 +28,9 @@ class RouteIndex(NamedTuple):
     batch_count: [B, N_G] int32 — active rows of batch b in group g.
     mask:        [M, N_G] bool (optional, appended) — the flattened routing mask itself; GEMM-K
                  reads it for per-row predicates. ``route_mask`` rebuilds it when absent.
+    order:       [M] int32 (optional) — one row order for all groups (``pattern_order``): rows with
+                 equal or Gray-adjacent group patterns next to each other, so that a tile of
+                 consecutive rows leaves whole groups unused. The 'ordered' GEMM-K reads it.
     """
 
     idx: torch.Tensor
@@ -35,6 +38,7 @@ class RouteIndex(NamedTuple):
     batch_start: torch.Tensor
     batch_count: torch.Tensor
     mask: torch.Tensor | None = None
+    order: torch.Tensor | None = None
 
 
 def _as_btg(mask: torch.Tensor) -> torch.Tensor:
@@ -183,6 +187,26 @@ def reorder(mask: torch.Tensor) -> RouteIndex:
     return RouteIndex(idx, count, bstart, bcount, m3.reshape(-1, m3.shape[-1]))
 
 
+def pattern_order(mask: torch.Tensor, *, gray: bool = True) -> torch.Tensor:
+    """One row order shared by all groups: rows sorted (stably) by the rank of their group pattern
+    in the reflected Gray sequence (``gray=False``: plain binary order, group 0 most significant).
+
+    mask: [M, N_G] (or [B, T, N_G]) -> order [M] int32, a permutation of the flattened rows. Under
+    i.i.d. masks a tile of R consecutive rows of M then shares its first ~log2(M / R) groups' bits
+    (Gray order: one more, as every bit's runs are twice as long), so a tile skips those groups
+    wherever they are off. Device ops only (a stable sort), no host sync; groups beyond the 30th
+    do not enter the key.
+    """
+    m2 = _as_btg(mask).reshape(-1, mask.shape[-1]) != 0  # [M, N_G]
+    nb = min(m2.shape[1], 30)
+    weights = 1 << torch.arange(nb - 1, -1, -1, device=m2.device, dtype=torch.int32)  # group 0 highest
+    key = (m2[:, :nb].to(torch.int32) * weights).sum(1, dtype=torch.int32)  # [M]
+    if gray:  # rank in the Gray sequence = prefix XOR of the bits from the top (inverse Gray code)
+        for shift in (1, 2, 4, 8, 16):
+            key = key ^ (key >> shift)
+    return torch.argsort(key, stable=True).to(torch.int32)
+
+
 def has_index(route: RouteIndex) -> bool:
     """False for the index-less routes of ``plan_route`` (mask only)."""
     return route.mask is None or route.idx.shape[1] == route.mask.shape[0]
@@ -193,7 +217,8 @@ def plan_route(mask: torch.Tensor) -> RouteIndex:
 
     M > DENSE_M: the full ``reorder`` (sorted kernels). M <= DENSE_M: the mask alone (idx [N_G, 0],
     count/batch fields empty) — the small-M and dense-M paths read the mask, so no reorder kernel
-    runs at decode; routed attention prefill computes its own index if it needs one.
+    runs at decode; routed attention prefill computes its own index if it needs one. The 'ordered'
+    GEMM-K computes its ``pattern_order`` itself unless the route carries one.
     """
     m3 = _as_btg(mask)
     if m3.dtype != torch.bool:
