@@ -82,6 +82,12 @@ def test_choose_algo_regimes():
     assert choose_algo(1, 128, False) == "small" and choose_algo(4, 512, True) == "small"
     assert choose_algo(1, 32, False) == "small" and choose_algo(4, 32, False) == "masked_dense"  # narrow groups
     assert choose_algo(16, 128, False) == "masked_dense" and choose_algo(4096, 128, True) == "masked_dense"
+    # 'ordered' needs few groups, a large M and the caller's word that enough is skipped
+    assert choose_algo(4096, 512, True, n_groups=8, sparsity_hint=0.5) == "ordered"
+    assert choose_algo(4096, 512, True, n_groups=8) == "masked_dense"
+    assert choose_algo(4096, 512, True, n_groups=8, sparsity_hint=0.1) == "masked_dense"
+    assert choose_algo(1024, 512, True, n_groups=8, sparsity_hint=0.5) == "masked_dense"
+    assert choose_algo(4096, 128, True, n_groups=112, sparsity_hint=0.5) == "masked_dense"
 
 
 def test_gemm_k_errors():
@@ -95,6 +101,10 @@ def test_gemm_k_errors():
         routed_gemm_k(x, w[:, :32], route, 16)
     with pytest.raises(ValueError, match="algo"):
         routed_gemm_k(x, w, route, 16, algo="fast")
+    with pytest.raises(ValueError, match="sparsity_hint"):
+        routed_gemm_k(x, w, route, 16, sparsity_hint=1.5)
+    with pytest.raises(ValueError, match="route.order"):
+        routed_gemm_k(x, w, route._replace(order=torch.arange(5, dtype=torch.int32)), 16, algo="ordered")
     x40 = torch.randn(40, 64)
     _, r40 = make_route("random", 1, 40, 4)
     with pytest.raises(ValueError, match="M <= 16"):

@@ -133,6 +133,16 @@ def test_runtime_rejects_non_gqa_routers_and_oversized_prompts():
         rt.prefill(torch.zeros(1, 5, dtype=torch.long))
 
 
+def test_attention_sparsity_hint_defaults_to_the_target_and_is_checked():
+    _, wm = _routed("llama", sparsity=0.7)
+    assert WideRuntime(wm, max_batch=1, max_seq=8).step_configs[False].attn_sparsity_hint == 0.7
+    wm.detach()
+    _, wm = _routed("llama")
+    assert WideRuntime(wm, max_batch=1, max_seq=8, attn_sparsity_hint=0.2).attn_sparsity_hint == 0.2
+    with pytest.raises(ValueError, match="attn_sparsity_hint"):
+        WideRuntime(wm, max_batch=1, max_seq=8, attn_sparsity_hint=1.5)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("routed", [True, False])
 def test_cuda_graph_decode_equals_eager_on_gpu(routed):

@@ -87,9 +87,17 @@ def measure(
     reps: int,
     graph: bool,
     compile: bool = False,
+    attn_sparsity_hint: float | None = None,
 ) -> dict:
     """TTFT of a `prompt`-token prefill and TPOT of one decode step at `context` cached tokens."""
-    rt = WideRuntime(wm, max_batch=batch, max_seq=max(prompt, context) + 8, routed=routed, compile=compile)
+    rt = WideRuntime(
+        wm,
+        max_batch=batch,
+        max_seq=max(prompt, context) + 8,
+        routed=routed,
+        compile=compile,
+        attn_sparsity_hint=attn_sparsity_hint,
+    )
     vocab = wm.dims.vocab
     ids = torch.randint(0, vocab, (batch, prompt), device=device)
 
@@ -172,7 +180,7 @@ def run_e2e_bench(
                 wm(probe)
             real = wm.stop_meter()
             clear_autotune_cache()  # tune the routed kernels on this level's masks, as a deployment would
-            r = measure(wm, True, **kw)
+            r = measure(wm, True, **kw, attn_sparsity_hint=real["attn_sparsity"])  # as measured on the probe
             rows.append(
                 {
                     "kind": "e2e",

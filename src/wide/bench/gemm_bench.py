@@ -11,7 +11,9 @@ The WIDE operators are called as ``wide.runtime`` calls them: for Q and fused ga
 operators of their decision) the timing includes ``plan_route(mask)`` — the reorder when M > 256,
 nothing below (the small-M and mid-M paths read the mask); Q leaves inactive heads unspecified
 (attention skips them); O and down reuse the route and get an input whose inactive groups are 0
-(``x_zeroed``, as routed attention / SwiGLU write it). Extra variants (full sweep, 50%) show the
+(``x_zeroed``, as routed attention / SwiGLU write it) and the level the masks were drawn at as their
+``sparsity_hint`` (which picks the 'ordered' GEMM-K for O at large M; its row order is computed
+inside the timed call). Extra variants (full sweep, 50%) show the
 forced paths and GEMM-K on an input that is not pre-zeroed.
 """
 
@@ -28,7 +30,7 @@ from wide.bench.timing import copies_for
 from wide.bench.timing import time_calls as time_graph  # module names: the CPU test replaces them
 from wide.bench.timing import time_together as time_variants
 from wide.kernels import clear_autotune_cache
-from wide.kernels.gemm_k import routed_gemm_k
+from wide.kernels.gemm_k import ORDERED_MAX_GROUPS, routed_gemm_k
 from wide.kernels.gemm_mn import routed_gemm_mn, routed_swiglu
 from wide.kernels.reference import (
     _active_groups,
@@ -36,7 +38,7 @@ from wide.kernels.reference import (
     gather_scatter_gemm_k,
     gather_scatter_gemm_n,
 )
-from wide.kernels.reorder import plan_route, reorder
+from wide.kernels.reorder import pattern_order, plan_route, reorder
 
 # name, kind, N, K, G, reorder included in the WIDE timing
 OPS = [
@@ -61,7 +63,7 @@ def _variants(kind: str, m: int, sp: float, extra: bool) -> list[str]:
     if kind == "gemm_k":
         out.append("masked_dense")  # x not pre-zeroed: one zeroing pass + cuBLAS
         if m >= 1024:
-            out += ["stationary", "atomic"]
+            out += ["stationary", "atomic", "ordered"]
         if m <= 16:
             out += ["stationary", "small"]
     else:
@@ -72,14 +74,14 @@ def _variants(kind: str, m: int, sp: float, extra: bool) -> list[str]:
     return out
 
 
-def _op_call(kind: str, variant: str, x, w, w2, g: int, xz) -> Callable:
+def _op_call(kind: str, variant: str, x, w, w2, g: int, xz, sparsity: float) -> Callable:
     """The WIDE call of one operator on one input copy, as a function of the route."""
     if kind == "gemm_mn":
         return lambda r: routed_gemm_mn(x, w, r, g, zero_inactive=False, path=variant)
     if kind == "gemm_mn_swiglu":
         return lambda r: routed_swiglu(x, w, w2, r, g, path=variant)
-    if variant == "auto":
-        return lambda r: routed_gemm_k(xz, w, r, g, x_zeroed=True)
+    if variant == "auto":  # the hint: the level the masks were drawn at, as a deployment knows its routers'
+        return lambda r: routed_gemm_k(xz, w, r, g, x_zeroed=True, sparsity_hint=sparsity)
     return lambda r: routed_gemm_k(x, w, r, g, algo=variant)
 
 
@@ -115,7 +117,9 @@ def bench_op(
             active = torch.stack(masks).float().mean().item()
             for variant in _variants(kind, m, sp, extra_variants):
                 build = reorder if variant in ("sorted", "stationary", "atomic") else plan_route
-                ops = [_op_call(kind, variant, x, w, w2, g, xz) for x, w, w2, xz in zip(xs, ws, w2s, xzs, strict=False)]
+                ops = [
+                    _op_call(kind, variant, x, w, w2, g, xz, sp) for x, w, w2, xz in zip(xs, ws, w2s, xzs, strict=False)
+                ]
                 routes = [build(mk) for mk in masks]
                 timed = [dense_fns, [partial(op, r) for op, r in zip(ops, routes)]]
                 if with_route:
@@ -161,6 +165,7 @@ def bench_reorder(ms_list, gen) -> list[dict]:
         for m in ms_list:
             mask = _mask(m, ng, 0.5, gen)
             r_ms = time_graph([lambda: reorder(mask)])
+            order_ms = time_graph([lambda: pattern_order(mask)]) if ng <= ORDERED_MAX_GROUPS else None
             xs = {k: torch.randn(m, k, device="cuda", dtype=dt) for _, k in dense_w[decision]}
             dense_ms = time_graph([lambda: [F.linear(xs[w.shape[1]], w) for w in ws]])
             rows.append(
@@ -175,6 +180,7 @@ def bench_reorder(ms_list, gen) -> list[dict]:
                     wide_ms=r_ms,
                     speedup=None,
                     reorder_frac_of_served_dense=r_ms / dense_ms,
+                    pattern_order_ms=order_ms,  # the 'ordered' O projection's row order (few groups)
                     served_ops="q+o" if decision == "attention" else "gate+up+down",
                 )
             )

@@ -6,10 +6,15 @@
   skips the weight columns of groups no token runs (M = 1, 50%: half the weight bytes), fixed-order split-K reduction.
 * larger M: ``masked_dense`` (``dense_mid``) — zero the inactive K groups of x, then cuBLAS; with
   ``x_zeroed`` (the producer, routed SwiGLU or routed attention, already wrote those zeros) it is a
-  plain cuBLAS GEMM. No routing saving: with i.i.d. per-token masks every (m-tile, group) pair has
-  active rows, and the Triton schedules below, which do skip work, lost to cuBLAS on the H200.
+  plain cuBLAS GEMM. No routing saving: with i.i.d. per-token masks every (m-tile, group) pair of
+  rows in their natural order has active rows.
+* few groups (O: one per KV head) at M >= ORDERED_MIN_M, when the caller's ``sparsity_hint`` says
+  enough is skipped: ``ordered`` (deterministic) — the rows in one order shared by all groups
+  (``reorder.pattern_order``: sorted by the Gray rank of their group pattern), so a tile of 128
+  consecutive rows shares its first groups' bits; each program (m-tile, n-tile) streams only the K
+  tiles of the groups some of its rows run (zero A rows for the others), with TMA weight loads.
 
-Opt-in Triton schedules:
+Other opt-in Triton schedules (they lost to cuBLAS on the H200):
 
 * ``stationary`` (deterministic): programs own a
   natural-order (m-tile, n-tile) of y and stream K; each K tile lies in one group, the A rows
@@ -53,6 +58,11 @@ if HAS_TRITON:
 # picks it for now; it stays available as algo='atomic'.
 ATOMIC_MIN_GROUP = 1 << 30
 ATOMIC_MIN_M = 257
+# 'ordered' (a tile of rows in the shared pattern order skips the groups none of them runs): tiles of
+# 128 rows share the first ~log2(M / 128) + 1 groups' bits, so it pays for few groups and large M
+ORDERED_MAX_GROUPS = 16
+ORDERED_MIN_M = 4096
+ORDERED_MIN_SPARSITY = 0.4
 _STATE = {"tma": False}
 
 
@@ -77,6 +87,13 @@ def _prune_k(configs, named_args, **kwargs):
         kw = dict(c.kwargs, BLOCK_K=largest_pow2_divisor(g, 64))
         keep = [triton.Config(kw, num_stages=3, num_warps=4)]
     return autotune_subset(keep)
+
+
+def _prune_ordered(configs, named_args, **kwargs):
+    """``_prune_k``, then the TMA configs alone where TMA is available."""
+    keep = _prune_k(configs, named_args, **kwargs)
+    tma = [c for c in keep if c.kwargs.get("USE_TMA", False)]
+    return tma or keep
 
 
 if HAS_TRITON:
@@ -305,32 +322,40 @@ if HAS_TRITON:
         prune_configs_by={"early_config_prune": _prune_k},
     )(_gemm_k_atomic_kernel)
 
+    # H200 (experiments/ordered-gemm-k-h200.json): 128 x 256 tiles with TMA weight loads were the fastest
+    # at every M and sparsity; do_bench's warm-L2 timing picked the pointer-load twin instead, so the
+    # TMA configs are the only candidates where TMA works.
     _ordered = triton.autotune(
         configs=[
-            _cfg(128, 128, 64, 4, 8),
-            _cfg(128, 256, 64, 3, 8),
-            _cfg(64, 256, 64, 4, 8),
-            _cfg(64, 128, 64, 4, 4),
-            _cfg(128, 128, 64, 4, 8, tma=True),
             _cfg(128, 256, 64, 3, 8, tma=True),
-            _cfg(64, 256, 64, 4, 8, tma=True),
+            _cfg(128, 256, 64, 4, 8, tma=True),
+            _cfg(128, 256, 64, 3, 8),
+            _cfg(128, 128, 64, 4, 8),
         ],
         key=_KEY + ["MASK_ROWS"],
-        prune_configs_by={"early_config_prune": _prune_k},
+        prune_configs_by={"early_config_prune": _prune_ordered},
     )(_gemm_k_ordered_kernel)
 
 
-def choose_algo(m: int, group_size: int, deterministic: bool) -> str:
-    """Host-side schedule choice from shapes only: 'small' at M <= SMALL_M_K for groups of >= 64
-    columns, else 'masked_dense'.
+def choose_algo(
+    m: int, group_size: int, deterministic: bool, n_groups: int | None = None, sparsity_hint: float | None = None
+) -> str:
+    """Host-side schedule choice from shapes and the expected sparsity, never from the mask: 'small'
+    at M <= SMALL_M_K for groups of >= 64 columns; 'ordered' for few groups (<= ORDERED_MAX_GROUPS) at
+    M >= ORDERED_MIN_M when the caller expects at least ORDERED_MIN_SPARSITY of the groups skipped
+    (``sparsity_hint``: the routers' sparsity, e.g. measured on calibration data); else 'masked_dense'.
 
-    Measured on the H200 (Triton 3.6) the Triton large-M schedules lost to cuBLAS (stationary
-    0.09-0.43x, atomic 0.55x at O / M 4096 / 50%); they stay available through ``algo``.
+    Measured on the H200 (Triton 3.6) the other Triton large-M schedules lost to cuBLAS (stationary
+    0.09-0.43x, atomic 0.55x at O / M 4096 / 50%); they stay available through ``algo``. 'ordered' runs
+    the dense work at ~0.97x of cuBLAS (O, M 4096, 0%), so without the hint it is not chosen.
     """
     # G 32 (32-column weight tiles): only at M = 1, where the active-group loop ran at 1.16x of cuBLAS
     # (decode-variants-down32-h200.json); with more tokens the union of their groups leaves little to skip
     if m <= SMALL_M_K and (group_size >= 64 or m == 1):
         return "small"
+    few_groups = n_groups is not None and n_groups <= ORDERED_MAX_GROUPS
+    if few_groups and m >= ORDERED_MIN_M and (sparsity_hint or 0.0) >= ORDERED_MIN_SPARSITY:
+        return "ordered"
     if not deterministic and m >= ATOMIC_MIN_M and group_size >= ATOMIC_MIN_GROUP:
         return "atomic"
     return "masked_dense"
@@ -470,22 +495,28 @@ def routed_gemm_k(
     deterministic: bool = False,
     algo: str = "auto",
     x_zeroed: bool = False,
+    sparsity_hint: float | None = None,
 ) -> torch.Tensor:
     """K-axis routed projection. x: [M, K], w: [N, K] -> y: [M, N] (fp32 accumulation).
 
-    ``algo``: 'auto' (``choose_algo``) | 'small' (M <= SMALL_M) | 'masked_dense' | 'stationary'
-    (Triton, deterministic) | 'atomic' (Triton, fp32 atomics, not bit-reproducible).
+    ``algo``: 'auto' (``choose_algo``) | 'small' (M <= SMALL_M) | 'masked_dense' | 'ordered'
+    (Triton, deterministic; rows in ``route.order``, computed by ``pattern_order`` when absent) |
+    'stationary' (Triton, deterministic) | 'atomic' (Triton, fp32 atomics, not bit-reproducible).
     ``deterministic=True`` rejects 'atomic' and gives bit-identical repeats. ``x_zeroed=True``
     promises x is already 0 on the inactive (row, group) pairs, which lets 'masked_dense' skip its
-    zeroing pass; the result is the same either way for such an x.
+    zeroing pass ('ordered' its per-row predicates); the result is the same either way for such an x.
+    ``sparsity_hint``: the fraction of groups the caller expects skipped (the routers' measured or
+    target sparsity); only 'auto' reads it.
     """
     check_dtype(x, w)
     validate_route(x, w.shape[0], w.shape[1], route, group_size, "k")
     if algo not in ALGOS:
         raise ValueError(f"unknown algo {algo!r}; choose from {ALGOS}")
+    if sparsity_hint is not None and not 0.0 <= sparsity_hint <= 1.0:
+        raise ValueError(f"sparsity_hint must lie in [0, 1], got {sparsity_hint}")
     m = x.shape[0]
     if algo == "auto" or (deterministic and algo == "atomic"):
-        algo = choose_algo(m, group_size, deterministic)
+        algo = choose_algo(m, group_size, deterministic, w.shape[1] // group_size, sparsity_hint)
     if algo == "small" and m > SMALL_M:
         raise ValueError(f"algo 'small' serves M <= {SMALL_M}, got M={m}")
     if algo in ("stationary", "atomic") and not has_index(route):

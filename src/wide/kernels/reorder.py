@@ -10,11 +10,14 @@ from typing import NamedTuple
 
 import torch
 
+from ._split_reduce import tile_counters
 from ._triton_utils import DENSE_M, HAS_TRITON, next_pow2, use_triton
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
+
+    from ._split_reduce import arrive
 
 
 class RouteIndex(NamedTuple):
@@ -187,6 +190,130 @@ def reorder(mask: torch.Tensor) -> RouteIndex:
     return RouteIndex(idx, count, bstart, bcount, m3.reshape(-1, m3.shape[-1]))
 
 
+ORDER_BITS = 8  # groups entering the pattern key (256 buckets); tiles share fewer leading bits anyway
+ORDER_CHUNK = 1024  # rows per program of the Triton counting sort
+ORDER_MAX_ROWS = 256 * ORDER_CHUNK  # its scan holds [chunks, 256] in one program's registers
+
+
+def _pattern_key_ref(mask2: torch.Tensor, gray: bool) -> torch.Tensor:
+    """[M, N_G] bool -> [M] int32 key: the first ORDER_BITS groups' bits (group 0 highest), as a rank
+    in the reflected Gray sequence (``gray``) or plain binary."""
+    nb = min(mask2.shape[1], ORDER_BITS)
+    weights = 1 << torch.arange(nb - 1, -1, -1, device=mask2.device, dtype=torch.int32)
+    key = (mask2[:, :nb].to(torch.int32) * weights).sum(1, dtype=torch.int32)  # [M]
+    if gray:  # Gray rank = prefix XOR of the bits from the top (the inverse Gray code)
+        for shift in (1, 2, 4):
+            key = key ^ (key >> shift)
+    return key
+
+
+def pattern_order_reference(mask: torch.Tensor, gray: bool = True) -> torch.Tensor:
+    """Torch reference of ``pattern_order`` (a stable argsort of the pattern keys)."""
+    m2 = _as_btg(mask).reshape(-1, mask.shape[-1]) != 0
+    return torch.argsort(_pattern_key_ref(m2, gray), stable=True).to(torch.int32)
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _pattern_key(mask_ptr, rows, M, NG, NB: tl.constexpr, GRAY: tl.constexpr):
+        key = tl.zeros_like(rows)
+        for g in tl.static_range(NB):
+            bit = tl.load(mask_ptr + rows * NG + g, mask=rows < M, other=0) != 0
+            key = key * 2 + bit.to(tl.int32)
+        if GRAY:
+            key = key ^ (key >> 1)
+            key = key ^ (key >> 2)
+            key = key ^ (key >> 4)
+        return key
+
+    @triton.jit
+    def _order_count_kernel(
+        mask_ptr,  # [M, N_G] uint8
+        hist_ptr,  # [P, NBINS] int32: rows of each key per chunk
+        delta_ptr,  # [P, NBINS] int32: destination of a chunk's sorted row i is i + delta[p, key]
+        cnt_ptr,  # int32 ticket counter (zero on entry and exit)
+        M,
+        NG,
+        P,
+        NB: tl.constexpr,
+        GRAY: tl.constexpr,
+        CHUNK: tl.constexpr,
+        NBINS: tl.constexpr,
+        P_P2: tl.constexpr,
+    ):
+        p = tl.program_id(0)
+        rows = p * CHUNK + tl.arange(0, CHUNK)
+        key = _pattern_key(mask_ptr, rows, M, NG, NB, GRAY)
+        bins = tl.arange(0, NBINS)
+        hist = tl.histogram(key, NBINS)  # rows past M have key 0: taken off bin 0
+        hist -= tl.where(bins == 0, tl.sum((rows >= M).to(tl.int32), axis=0), 0)
+        tl.store(hist_ptr + p * NBINS + bins, hist)
+        if arrive(cnt_ptr, P):  # the last chunk: offsets of every (chunk, key) in the sorted order
+            offs_p = tl.arange(0, P_P2)
+            h = tl.load(hist_ptr + offs_p[:, None] * NBINS + bins[None, :], mask=(offs_p < P)[:, None], other=0)
+            key_start = tl.cumsum(tl.sum(h, axis=0), axis=0) - tl.sum(h, axis=0)  # [NBINS]
+            before_chunk = tl.cumsum(h, axis=0) - h  # same key, earlier chunks
+            smaller_in_chunk = tl.cumsum(h, axis=1) - h  # same chunk, smaller keys
+            delta = key_start[None, :] + before_chunk - smaller_in_chunk
+            tl.store(delta_ptr + offs_p[:, None] * NBINS + bins[None, :], delta, mask=(offs_p < P)[:, None])
+
+    @triton.jit
+    def _order_scatter_kernel(
+        mask_ptr,  # [M, N_G] uint8
+        delta_ptr,  # [P, NBINS] int32
+        order_ptr,  # [M] int32 out
+        M,
+        NG,
+        NB: tl.constexpr,
+        GRAY: tl.constexpr,
+        CHUNK: tl.constexpr,
+        NBINS: tl.constexpr,
+    ):
+        p = tl.program_id(0)
+        local = tl.arange(0, CHUNK)
+        rows = p * CHUNK + local
+        key = tl.where(rows < M, _pattern_key(mask_ptr, rows, M, NG, NB, GRAY), NBINS)  # padding sorts last
+        s = tl.sort(key * CHUNK + local)  # stable within the chunk: ties broken by row
+        k = s // CHUNK
+        valid = k < NBINS
+        dest = local + tl.load(delta_ptr + p * NBINS + k, mask=valid, other=0)
+        tl.store(order_ptr + dest, p * CHUNK + s % CHUNK, mask=valid)
+
+
+def _pattern_order_triton(m2: torch.Tensor, gray: bool) -> torch.Tensor:
+    m, ng = m2.shape
+    order = torch.empty(m, dtype=torch.int32, device=m2.device)
+    if m == 0:
+        return order
+    nb = min(ng, ORDER_BITS)
+    nbins = 1 << nb
+    chunk = ORDER_CHUNK if m2.is_cuda else 64  # interpreter: small chunks, many programs
+    p = triton.cdiv(m, chunk)
+    hist = torch.empty(p, nbins, dtype=torch.int32, device=m2.device)
+    delta = torch.empty_like(hist)
+    flat = m2.view(torch.uint8)
+    common = {"NB": nb, "GRAY": gray, "CHUNK": chunk, "NBINS": nbins}
+    _order_count_kernel[(p,)](
+        flat, hist, delta, tile_counters(m2, 1), m, ng, p, P_P2=next_pow2(p), num_warps=4, **common
+    )
+    _order_scatter_kernel[(p,)](flat, delta, order, m, ng, num_warps=4, **common)
+    return order
+
+
+@torch.library.custom_op("wide::pattern_order", mutates_args=())
+def _pattern_order_op(mask: torch.Tensor, gray: bool) -> torch.Tensor:
+    m2 = mask.contiguous()
+    if use_triton(m2) and m2.shape[0] <= ORDER_MAX_ROWS:
+        return _pattern_order_triton(m2, gray)
+    return pattern_order_reference(m2, gray)
+
+
+@_pattern_order_op.register_fake
+def _(mask, gray):
+    return mask.new_empty((mask.shape[0],), dtype=torch.int32)
+
+
 def pattern_order(mask: torch.Tensor, *, gray: bool = True) -> torch.Tensor:
     """One row order shared by all groups: rows sorted (stably) by the rank of their group pattern
     in the reflected Gray sequence (``gray=False``: plain binary order, group 0 most significant).
@@ -194,17 +321,12 @@ def pattern_order(mask: torch.Tensor, *, gray: bool = True) -> torch.Tensor:
     mask: [M, N_G] (or [B, T, N_G]) -> order [M] int32, a permutation of the flattened rows. Under
     i.i.d. masks a tile of R consecutive rows of M then shares its first ~log2(M / R) groups' bits
     (Gray order: one more, as every bit's runs are twice as long), so a tile skips those groups
-    wherever they are off. Device ops only (a stable sort), no host sync; groups beyond the 30th
-    do not enter the key.
+    wherever they are off. The key holds the first ORDER_BITS groups. On CUDA a two-launch counting
+    sort (per-chunk histograms, the last chunk's program scans them; each chunk sorts its rows and
+    scatters them), no host sync; the torch reference elsewhere.
     """
-    m2 = _as_btg(mask).reshape(-1, mask.shape[-1]) != 0  # [M, N_G]
-    nb = min(m2.shape[1], 30)
-    weights = 1 << torch.arange(nb - 1, -1, -1, device=m2.device, dtype=torch.int32)  # group 0 highest
-    key = (m2[:, :nb].to(torch.int32) * weights).sum(1, dtype=torch.int32)  # [M]
-    if gray:  # rank in the Gray sequence = prefix XOR of the bits from the top (inverse Gray code)
-        for shift in (1, 2, 4, 8, 16):
-            key = key ^ (key >> shift)
-    return torch.argsort(key, stable=True).to(torch.int32)
+    m2 = _as_btg(mask).reshape(-1, mask.shape[-1])
+    return _pattern_order_op(m2 if m2.dtype == torch.bool else m2 != 0, gray)
 
 
 def has_index(route: RouteIndex) -> bool:

@@ -94,6 +94,7 @@ class StepConfig(NamedTuple):
     eps: float
     qk_eps: float
     algo: str
+    attn_sparsity_hint: float | None = None  # expected skipped fraction of attention groups (O's schedule)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -152,7 +153,9 @@ def _attention(
         ).transpose(1, 2)
     o2 = o.reshape(b * t, -1)  # [M, Hq * d]
     if st.routed:
-        y = K.routed_gemm_k(o2, w.wo, route, st.g_attn, algo=st.algo, x_zeroed=True)
+        y = K.routed_gemm_k(
+            o2, w.wo, route, st.g_attn, algo=st.algo, x_zeroed=True, sparsity_hint=st.attn_sparsity_hint
+        )
     else:
         y = F.linear(o2, w.wo)
     if w.bo is not None:
@@ -229,7 +232,10 @@ class WideRuntime:
     The weight tensors and folded router heads are taken when the runtime is built: build it after
     calibration, threshold fits and LoRA merges. Building it re-points the model's q/k/v and gate/up
     weights to views of per-layer fused buffers (``fuse_linears``): the model computes as before and
-    ``save_pretrained`` still works (it clones tensors that share a buffer). ``compile=True``: the layer
+    ``save_pretrained`` still works (it clones tensors that share a buffer). ``attn_sparsity_hint``: the
+    fraction of attention groups the routers skip (default: the config's target), from which the O
+    projection picks its GEMM-K schedule at large M (``wide.kernels.gemm_k.choose_algo``); pass the
+    sparsity measured on your data (``WideModel.start_meter``) when it differs. ``compile=True``: the layer
     step runs through ``torch.compile`` (first calls compile; raises dynamo's recompile limit to 64 for
     the process)."""
 
@@ -241,6 +247,7 @@ class WideRuntime:
         max_seq: int,
         routed: bool = True,
         gemm_k_algo: str = "auto",
+        attn_sparsity_hint: float | None = None,
         compile: bool = False,
     ):
         self.wm, self.hf = wm, wm.model
@@ -252,6 +259,11 @@ class WideRuntime:
                 f"routers decide per {s.attn_heads_per_group} heads: run them with the masked path (WideModel)"
             )
         self.routed, self.algo = routed, gemm_k_algo
+        cfg = wm.config
+        hint = attn_sparsity_hint if attn_sparsity_hint is not None else (cfg.attn_sparsity or cfg.sparsity)
+        if not 0.0 <= hint <= 1.0:
+            raise ValueError(f"attn_sparsity_hint must lie in [0, 1], got {hint}")
+        self.attn_sparsity_hint = float(hint)
         self.g_attn = s.attn_heads_per_group * d.head_dim
         self.g_ffn = s.ffn_group_size
         p = next(self.hf.parameters())
@@ -301,6 +313,7 @@ class WideRuntime:
             eps=float(layer.input_layernorm.variance_epsilon),
             qk_eps=float(qn.variance_epsilon) if qn is not None else 0.0,
             algo=self.algo,
+            attn_sparsity_hint=self.attn_sparsity_hint,
         )
 
     # ------------------------------------------------------------------ pieces
