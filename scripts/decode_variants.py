@@ -431,7 +431,7 @@ def pdl_variants(recs: list) -> None:
 def ordered_variants(recs: list) -> None:
     """GEMM-K 'ordered' (rows in the shared Gray pattern order, a tile skips the groups none of its
     rows runs) against cuBLAS on the pre-zeroed input ('masked_dense', what 'auto' runs at large M):
-    O (G 512) at M 1024 / 4096 / 16384 and sparsity 0-70%, down (G 128) at M 4096, 50%. 'ordered'
+    O (G 512) at M 4096 / 8192 / 16384 and sparsity 0-70%, down (G 128) at M 4096, 50%. 'ordered'
     computes its order in the call; '_pre' variants get it precomputed (Gray / binary order)."""
     from wide.kernels import clear_autotune_cache
     from wide.kernels import gemm_k as GK
@@ -441,8 +441,8 @@ def ordered_variants(recs: list) -> None:
     gen = torch.Generator(device="cuda").manual_seed(11)
     all_cfgs = list(GK._ordered.configs)
     sweep = {("o", 4096, 0.5), ("o", 16384, 0.5)}
-    for op, m, sps in (("o", 1024, (0.0, 0.5, 0.7)), ("o", 4096, (0.0, 0.25, 0.5, 0.7)),
-                       ("o", 16384, (0.0, 0.5, 0.7)), ("down", 4096, (0.5,))):  # fmt: skip
+    for op, m, sps in (("o", 4096, (0.0, 0.5, 0.7)), ("o", 8192, (0.5, 0.7)),
+                       ("o", 16384, (0.0, 0.25, 0.5, 0.7)), ("down", 4096, (0.5,))):  # fmt: skip
         n, k, g = SHAPES[op]
         nc = copies_for(n * k * 2 + m * k * 2)
         w = [torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) / k**0.5 for _ in range(nc)]

@@ -64,6 +64,15 @@ def test_gemm_k_x_zeroed_and_planned_route(m, kernel_device):
         routed_gemm_k(x, w, planned, 16, algo="stationary")
 
 
+@pytest.mark.parametrize("ng", [3, 16, 20])  # group ids packed in one scalar up to 16 groups, searched beyond
+def test_gemm_k_ordered_group_counts(ng, kernel_device):
+    x, w = _inputs(45, 24, 16 * ng, torch.float32, kernel_device)
+    _, route = make_route("random", 1, 45, ng, kernel_device, p=0.3)
+    for zeroed in (False, True):
+        xs = x * route_mask(route).repeat_interleave(16, 1).to(x.dtype) if zeroed else x
+        _check_k(xs, w, route, 16, "ordered", x_zeroed=zeroed)
+
+
 def test_gemm_k_deterministic_and_mask_rebuild(kernel_device):
     x, w = _inputs(19, 40, 64, torch.float32, kernel_device)
     _, route = make_route("random", 1, 19, 4, kernel_device)

@@ -89,9 +89,22 @@ def _prune_k(configs, named_args, **kwargs):
     return autotune_subset(keep)
 
 
+_SMEM_BYTES = 200 * 1024  # pipelined A + B tiles must fit in shared memory (H100 / H200: 227 KiB)
+
+
 def _prune_ordered(configs, named_args, **kwargs):
-    """``_prune_k``, then the TMA configs alone where TMA is available."""
-    keep = _prune_k(configs, named_args, **kwargs)
+    """``_prune_k``; the configs whose stages fit in shared memory for this dtype (fp32 needs smaller
+    tiles); then the TMA configs alone where TMA is available."""
+    size = named_args["x_ptr"].element_size()
+
+    def fits(c):
+        kw = c.kwargs
+        return c.num_stages * (kw["BLOCK_M"] + kw["BLOCK_N"]) * kw["BLOCK_K"] * size <= _SMEM_BYTES
+
+    keep = [c for c in _prune_k(configs, named_args, **kwargs) if fits(c)]
+    if not keep:
+        bk = largest_pow2_divisor(named_args["G"], 32)
+        keep = [_cfg(64, 128, bk, 3, 4, tma=False)]
     tma = [c for c in keep if c.kwargs.get("USE_TMA", False)]
     return tma or keep
 
@@ -238,6 +251,7 @@ if HAS_TRITON:
         MASK_ROWS: tl.constexpr,
         PREC: tl.constexpr,
         NG_P2: tl.constexpr,
+        PACKED: tl.constexpr,
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
@@ -266,6 +280,8 @@ if HAS_TRITON:
         )  # [BLOCK_M, NG_P2]
         used = tl.max((tile_mask != 0).to(tl.int32), axis=0)  # [NG_P2]
         slot = tl.cumsum(used, axis=0) - used
+        if PACKED:  # <= 16 groups: their ids as 4-bit fields of one scalar (no reduction in the loop)
+            packed = tl.sum(tl.where(used != 0, gcol.to(tl.int64) << (4 * slot).to(tl.int64), 0), axis=0)
         steps = G // BLOCK_K  # K tiles per group
         offs_k = tl.arange(0, BLOCK_K)
         a_base = x_ptr + rows[:, None] * stride_xm + offs_k[None, :]
@@ -276,7 +292,10 @@ if HAS_TRITON:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for j in range(0, tl.sum(used, axis=0) * steps):  # only the used groups' K tiles
             s = j // steps
-            g = tl.sum(tl.where((slot == s) & (used != 0), gcol, 0), axis=0)
+            if PACKED:
+                g = ((packed >> (4 * s)) & 15).to(tl.int32)
+            else:
+                g = tl.sum(tl.where((slot == s) & (used != 0), gcol, 0), axis=0)
             k0 = g * G + (j - s * steps) * BLOCK_K
             if MASK_ROWS:  # x not pre-zeroed: rows that do not run g contribute nothing
                 act = tl.load(mask_ptr + rows * NG + g, mask=in_m, other=0) != 0
@@ -329,6 +348,7 @@ if HAS_TRITON:
         configs=[
             _cfg(128, 256, 64, 3, 8, tma=True),
             _cfg(128, 256, 64, 4, 8, tma=True),
+            _cfg(128, 256, 128, 2, 8, tma=True),
             _cfg(128, 256, 64, 3, 8),
             _cfg(128, 128, 64, 4, 8),
         ],
@@ -377,7 +397,8 @@ def _launch_ordered(x, w, mask_u8, order, y, g: int, x_zeroed: bool, prec: str) 
     n = w.shape[0]
     ng = k // g
     args = (x, w, mask_u8, order, y, m, n, k, g, ng, x.stride(0), w.stride(0), m_bucket(m))
-    flags = {"MASK_ROWS": not x_zeroed, "PREC": prec, "NG_P2": max(2, next_pow2(ng))}
+    ng_p2 = max(2, next_pow2(ng))
+    flags = {"MASK_ROWS": not x_zeroed, "PREC": prec, "NG_P2": ng_p2, "PACKED": ng_p2 <= 16}
     if not x.is_cuda:  # interpreter: one fixed small config
         cfg = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": largest_pow2_divisor(g, 32), "GROUP_M": 2, "USE_TMA": False}
         grid = (triton.cdiv(m, 16) * triton.cdiv(n, 32),)

@@ -191,8 +191,8 @@ def reorder(mask: torch.Tensor) -> RouteIndex:
 
 
 ORDER_BITS = 8  # groups entering the pattern key (256 buckets); tiles share fewer leading bits anyway
-ORDER_CHUNK = 1024  # rows per program of the Triton counting sort
-ORDER_MAX_ROWS = 256 * ORDER_CHUNK  # its scan holds [chunks, 256] in one program's registers
+ORDER_MAX_CHUNKS = 128  # programs of the Triton counting sort (its scan holds [chunks, 256] in registers)
+ORDER_MAX_ROWS = ORDER_MAX_CHUNKS * 4096  # rows per program: 256 ... 4096
 
 
 def _pattern_key_ref(mask2: torch.Tensor, gray: bool) -> torch.Tensor:
@@ -288,7 +288,8 @@ def _pattern_order_triton(m2: torch.Tensor, gray: bool) -> torch.Tensor:
         return order
     nb = min(ng, ORDER_BITS)
     nbins = 1 << nb
-    chunk = ORDER_CHUNK if m2.is_cuda else 64  # interpreter: small chunks, many programs
+    # small chunks sort fast; interpreter: 64 rows, many programs
+    chunk = min(max(next_pow2(triton.cdiv(m, ORDER_MAX_CHUNKS)), 256), 4096) if m2.is_cuda else 64
     p = triton.cdiv(m, chunk)
     hist = torch.empty(p, nbins, dtype=torch.int32, device=m2.device)
     delta = torch.empty_like(hist)
