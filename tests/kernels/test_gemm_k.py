@@ -92,11 +92,13 @@ def test_choose_algo_regimes():
     assert choose_algo(1, 32, False) == "small" and choose_algo(4, 32, False) == "masked_dense"  # narrow groups
     assert choose_algo(16, 128, False) == "masked_dense" and choose_algo(4096, 128, True) == "masked_dense"
     # 'ordered' needs few groups, a large M and the caller's word that enough is skipped
-    assert choose_algo(4096, 512, True, n_groups=8, sparsity_hint=0.5) == "ordered"
-    assert choose_algo(4096, 512, True, n_groups=8) == "masked_dense"
-    assert choose_algo(4096, 512, True, n_groups=8, sparsity_hint=0.1) == "masked_dense"
-    assert choose_algo(1024, 512, True, n_groups=8, sparsity_hint=0.5) == "masked_dense"
-    assert choose_algo(4096, 128, True, n_groups=112, sparsity_hint=0.5) == "masked_dense"
+    assert choose_algo(16384, 512, True, n_groups=8, sparsity_hint=0.5) == "ordered"
+    assert choose_algo(8192, 512, True, n_groups=8, sparsity_hint=0.7) == "ordered"
+    assert choose_algo(16384, 512, True, n_groups=8) == "masked_dense"
+    assert choose_algo(16384, 512, True, n_groups=8, sparsity_hint=0.1) == "masked_dense"
+    assert choose_algo(8192, 512, True, n_groups=8, sparsity_hint=0.5) == "masked_dense"
+    assert choose_algo(4096, 512, True, n_groups=8, sparsity_hint=0.7) == "masked_dense"
+    assert choose_algo(16384, 128, True, n_groups=112, sparsity_hint=0.5) == "masked_dense"
 
 
 def test_gemm_k_errors():

@@ -8,8 +8,8 @@
   ``x_zeroed`` (the producer, routed SwiGLU or routed attention, already wrote those zeros) it is a
   plain cuBLAS GEMM. No routing saving: with i.i.d. per-token masks every (m-tile, group) pair of
   rows in their natural order has active rows.
-* few groups (O: one per KV head) at M >= ORDERED_MIN_M, when the caller's ``sparsity_hint`` says
-  enough is skipped: ``ordered`` (deterministic) — the rows in one order shared by all groups
+* few groups (O: one per KV head) at large M, when the caller's ``sparsity_hint`` says enough is
+  skipped (``ORDERED_WHEN``): ``ordered`` (deterministic) — the rows in one order shared by all groups
   (``reorder.pattern_order``: sorted by the Gray rank of their group pattern), so a tile of 128
   consecutive rows shares its first groups' bits; each program (m-tile, n-tile) streams only the K
   tiles of the groups some of its rows run (zero A rows for the others), with TMA weight loads.
@@ -61,8 +61,10 @@ ATOMIC_MIN_M = 257
 # 'ordered' (a tile of rows in the shared pattern order skips the groups none of them runs): tiles of
 # 128 rows share the first ~log2(M / 128) + 1 groups' bits, so it pays for few groups and large M
 ORDERED_MAX_GROUPS = 16
-ORDERED_MIN_M = 4096
-ORDERED_MIN_SPARSITY = 0.4
+# (min M, min expected sparsity) pairs where it beat cuBLAS on the H200, O at G 512 (incl. its row
+# order; experiments/ordered-gemm-k-h200.json): M 8192 / 70% 1.42x, M 16384 / 50% 1.24x, 70% 1.72x;
+# it lost at 0% (0.78-0.88x) and was within noise at M 4096 / 50% and M 16384 / 25%.
+ORDERED_WHEN = ((16384, 0.4), (8192, 0.6))
 _STATE = {"tma": False}
 
 
@@ -361,20 +363,20 @@ def choose_algo(
     m: int, group_size: int, deterministic: bool, n_groups: int | None = None, sparsity_hint: float | None = None
 ) -> str:
     """Host-side schedule choice from shapes and the expected sparsity, never from the mask: 'small'
-    at M <= SMALL_M_K for groups of >= 64 columns; 'ordered' for few groups (<= ORDERED_MAX_GROUPS) at
-    M >= ORDERED_MIN_M when the caller expects at least ORDERED_MIN_SPARSITY of the groups skipped
-    (``sparsity_hint``: the routers' sparsity, e.g. measured on calibration data); else 'masked_dense'.
+    at M <= SMALL_M_K for groups of >= 64 columns; 'ordered' for few groups (<= ORDERED_MAX_GROUPS)
+    where M and the skipped fraction the caller expects (``sparsity_hint``: the routers' sparsity,
+    e.g. measured on calibration data) reach one of ORDERED_WHEN; else 'masked_dense'.
 
     Measured on the H200 (Triton 3.6) the other Triton large-M schedules lost to cuBLAS (stationary
     0.09-0.43x, atomic 0.55x at O / M 4096 / 50%); they stay available through ``algo``. 'ordered' runs
-    the dense work at ~0.97x of cuBLAS (O, M 4096, 0%), so without the hint it is not chosen.
+    the dense work at ~0.8x of cuBLAS (O, 0%), so without the hint it is not chosen.
     """
     # G 32 (32-column weight tiles): only at M = 1, where the active-group loop ran at 1.16x of cuBLAS
     # (decode-variants-down32-h200.json); with more tokens the union of their groups leaves little to skip
     if m <= SMALL_M_K and (group_size >= 64 or m == 1):
         return "small"
     few_groups = n_groups is not None and n_groups <= ORDERED_MAX_GROUPS
-    if few_groups and m >= ORDERED_MIN_M and (sparsity_hint or 0.0) >= ORDERED_MIN_SPARSITY:
+    if few_groups and any(m >= m_min and (sparsity_hint or 0.0) >= s_min for m_min, s_min in ORDERED_WHEN):
         return "ordered"
     if not deterministic and m >= ATOMIC_MIN_M and group_size >= ATOMIC_MIN_GROUP:
         return "atomic"
