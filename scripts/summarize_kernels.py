@@ -125,6 +125,15 @@ def targets(rows: list[dict]) -> list[str]:
     v = [r["speedup_vs_sdpa_default"] for r in dec]
     add("decode attention ≥ 1.7× SDPA at ctx ≥ 4096 (50%)", v, min(v) >= 1.7)
     reo = [r["reorder_frac_of_served_dense"] * 100 for r in rows if r["kind"] == "reorder" and r["M"] >= 4096]
+    # the 'ordered' O projection's row order is timed inside O's own call; shown here for scale
+    order = [
+        r["pattern_order_ms"] / r["dense_ms"] * 100
+        for r in rows
+        if r["kind"] == "reorder" and r["M"] >= 16384 and r.get("pattern_order_ms")
+    ]
+    if order:
+        span = f"{min(order):.1f}%" if len(order) == 1 else f"{min(order):.1f}–{max(order):.1f}%"
+        lines.append(f"| (O's row order, inside O's timing: {span} of Q + O dense at M ≥ 16384) | | |")
     lines.append(
         f"| reorder ≤ 3% of the served dense ops at M ≥ 4096 | {min(reo):.1f}–{max(reo):.1f}% | "
         f"{'✓' if max(reo) <= 3 else '✗'} |"
@@ -188,25 +197,26 @@ def main() -> None:
         *harness_spread(rows),
         *decode_bandwidth(_auto(rows)),
         *attention_table(rows),
-        *e2e_table(how="compiled layer step, commit 13ce844: decode GEMMs and routers launched with PDL"),
-        *e2e_table("e2e-h200-3dac35f.json", "the same at commit 3dac35f, before PDL"),
+        *e2e_table(how="compiled layer step, commit ac9af60: O by the 'ordered' GEMM-K at M ≥ 16384 / ≥ 40%"),
+        *e2e_table("e2e-h200-13ce844.json", "the same at commit 13ce844, O by cuBLAS at every M"),
         *e2e_table("e2e-eager-h200.json", "eager layer step, `--quick`, commit ddf6f57"),
-        "Commands (H200 calls): kernels at commit 13ce844, "
-        "`VARIANTS_S=0 BENCH_S=430 TEST_S=0 E2E_S=0 PROFILE_S=0 bash scripts/device_kernels.sh "
-        f"$OUT` (step `{meta['command']}`); e2e at 13ce844 `VARIANTS_S=0 BENCH_S=0 TEST_S=0 E2E_S=420 "
-        "PROFILE_S=0 E2E_ARGS=--compile bash scripts/device_kernels.sh $OUT`, at 3dac35f the same with "
-        "`E2E_S=380` (step `wide bench e2e --compile`); GPU tests of the routed GEMMs, routers, PDL and runtime "
-        "at 13ce844: `WIDE_AUTOTUNE_MAX=1 python3 -m pytest -q -m 'not slow' -n 8 tests/kernels/test_pdl.py "
-        "tests/kernels/test_router.py tests/kernels/test_gemm_k.py tests/kernels/test_gemm_mn.py "
-        "tests/runtime/test_runtime.py` after `source scripts/device_setup.sh` (`gpu-tests-pdl-h200.log`, 512 "
-        "passed); the whole GPU suite at 6799036 (attention and reorder kernels unchanged since): "
+        "Commands (H200 calls): kernels at commit ac9af60, "
+        "`VARIANTS_S=0 BENCH_S=440 TEST_S=0 E2E_S=0 PROFILE_S=0 bash scripts/device_kernels.sh "
+        f"$OUT` (step `{meta['command']}`); e2e at ac9af60 `VARIANTS_S=0 BENCH_S=0 TEST_S=0 E2E_S=450 "
+        "PROFILE_S=0 E2E_ARGS=--compile bash scripts/device_kernels.sh $OUT`, at 13ce844 the same with "
+        "`E2E_S=420` (step `wide bench e2e --compile`); GPU tests of the routed GEMMs, reorder / row order and "
+        "runtime: `WIDE_AUTOTUNE_MAX=1 python3 -m pytest -q -m 'not slow' -n 8 <files>` after "
+        "`source scripts/device_setup.sh` (`gpu-tests-ordered-h200.log`: GEMM-K, reorder, PDL, runtime at "
+        "the commit it names; `gpu-tests-pdl-h200.log` at 13ce844: PDL, router, GEMM-MN, GEMM-K, runtime, 512 "
+        "passed); the whole GPU suite at 6799036 (attention kernels unchanged since): "
         "`VARIANTS_S=0 BENCH_S=0 TEST_S=420 E2E_S=0 PROFILE_S=0 bash scripts/device_kernels.sh $OUT` "
         "(`gpu-tests-h200.log`: 526 passed, 2 failed on an Inductor cache race between pytest-xdist workers, "
         "fixed in tests/conftest.py); "
         'profile at c53ef79 with `WIDE_COMPILE=1 PROFILE_S=150 PROFILE_ARGS="4096 0.7"` (`profile-e2e-h200.txt`); '
         "router kernel: `python3 scripts/decode_variants.py $OUT/bench router` at c53ef79 "
         "(`router-h200.json`); PDL: `python3 scripts/decode_variants.py $OUT/bench pdl` "
-        "(`experiments/pdl-h200.json`); eager e2e: "
+        "(`experiments/pdl-h200.json`); ordered GEMM-K variants: `python3 scripts/decode_variants.py $OUT/bench "
+        "ordered` at ca06e40 (`experiments/ordered-gemm-k-h200.json`); eager e2e: "
         "`wide bench e2e --quick`. Tables: `python scripts/summarize_kernels.py`.",
     ]
     (RES / "kernels-h200.summary.md").write_text("\n".join(md) + "\n")

@@ -141,6 +141,15 @@ if HAS_TRITON:
             gdc_wait()
 
     @triton.jit
+    def grouped_tile(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+        """(pid_m, pid_n) of program ``pid``: GROUP_M m-tiles walk the n-tiles together, so the weight
+        tiles they share stay in L2 (the usual grouped ordering of a tiled GEMM)."""
+        per_group = GROUP_M * num_pid_n
+        first_m = (pid // per_group) * GROUP_M
+        gm = min(num_pid_m - first_m, GROUP_M)
+        return first_m + (pid % per_group) % gm, (pid % per_group) // gm
+
+    @triton.jit
     def _tma_probe(x_ptr, y_ptr, R, C, B: tl.constexpr):
         d = tl.make_tensor_descriptor(x_ptr, shape=[R, C], strides=[C, 1], block_shape=[B, B])
         v = d.load([0, 0])

@@ -43,6 +43,8 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
+    from ._triton_utils import grouped_tile
+
 _STATE = {"tma": False}
 
 
@@ -131,13 +133,7 @@ if HAS_TRITON:
         USE_TMA: tl.constexpr,
     ):
         pid = tl.program_id(0)
-        num_pid_m = tl.cdiv(M, BLOCK_M)
-        num_pid_n = N // BLOCK_N
-        per_group = GROUP_M * num_pid_n
-        first_m = (pid // per_group) * GROUP_M
-        gm = min(num_pid_m - first_m, GROUP_M)
-        pid_m = first_m + (pid % per_group) % gm
-        pid_n = (pid % per_group) // gm
+        pid_m, pid_n = grouped_tile(pid, tl.cdiv(M, BLOCK_M), N // BLOCK_N, GROUP_M)
 
         n0 = pid_n * BLOCK_N
         g = n0 // G
