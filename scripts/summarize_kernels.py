@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from wide.kernels.gemm_k import choose_algo
+
 RES = Path(__file__).resolve().parents[1] / "bench" / "results"
 MS = (1, 16, 64, 256, 1024, 4096, 16384)
 OPS = (
@@ -171,8 +173,14 @@ def e2e_table(name: str = "e2e-h200.json", how: str = "torch.compile'd layer ste
 
 def harness_spread(rows: list[dict]) -> list[str]:
     """O / down at M > 16 run cuBLAS on the producer's zeros: the same call as the dense side, so their
-    spread around 1.00x is the timing harness's own."""
-    same = [r["speedup"] for r in _auto(rows) if r["kind"] == "gemm_k" and r["M"] > 16]
+    spread around 1.00x is the timing harness's own (the 'ordered' O records excluded)."""
+    same = [  # the records whose 'auto' took cuBLAS ('masked_dense'), not the 'ordered' kernel
+        r["speedup"]
+        for r in _auto(rows)
+        if r["kind"] == "gemm_k"
+        and r["M"] > 16
+        and choose_algo(r["M"], r["group_size"], False, r["K"] // r["group_size"], r["sparsity"]) == "masked_dense"
+    ]
     if not same:
         return []
     return [
@@ -204,14 +212,9 @@ def main() -> None:
         "`VARIANTS_S=0 BENCH_S=440 TEST_S=0 E2E_S=0 PROFILE_S=0 bash scripts/device_kernels.sh "
         f"$OUT` (step `{meta['command']}`); e2e at ac9af60 `VARIANTS_S=0 BENCH_S=0 TEST_S=0 E2E_S=450 "
         "PROFILE_S=0 E2E_ARGS=--compile bash scripts/device_kernels.sh $OUT`, at 13ce844 the same with "
-        "`E2E_S=420` (step `wide bench e2e --compile`); GPU tests of the routed GEMMs, reorder / row order and "
-        "runtime: `WIDE_AUTOTUNE_MAX=1 python3 -m pytest -q -m 'not slow' -n 8 <files>` after "
-        "`source scripts/device_setup.sh` (`gpu-tests-ordered-h200.log`: GEMM-K, reorder, PDL, runtime at "
-        "the commit it names; `gpu-tests-pdl-h200.log` at 13ce844: PDL, router, GEMM-MN, GEMM-K, runtime, 512 "
-        "passed); the whole GPU suite at 6799036 (attention kernels unchanged since): "
-        "`VARIANTS_S=0 BENCH_S=0 TEST_S=420 E2E_S=0 PROFILE_S=0 bash scripts/device_kernels.sh $OUT` "
-        "(`gpu-tests-h200.log`: 526 passed, 2 failed on an Inductor cache race between pytest-xdist workers, "
-        "fixed in tests/conftest.py); "
+        "`E2E_S=420` (step `wide bench e2e --compile`); the whole GPU suite (routed GEMMs, routers, PDL, reorder "
+        "and row order, attention, runtime) at 08ff468: `VARIANTS_S=0 BENCH_S=0 TEST_S=430 E2E_S=0 PROFILE_S=0 "
+        "bash scripts/device_kernels.sh $OUT` (`gpu-tests-h200.log`: 638 passed); "
         'profile at c53ef79 with `WIDE_COMPILE=1 PROFILE_S=150 PROFILE_ARGS="4096 0.7"` (`profile-e2e-h200.txt`); '
         "router kernel: `python3 scripts/decode_variants.py $OUT/bench router` at c53ef79 "
         "(`router-h200.json`); PDL: `python3 scripts/decode_variants.py $OUT/bench pdl` "
