@@ -135,12 +135,21 @@ def test_runtime_rejects_non_gqa_routers_and_oversized_prompts():
 
 def test_attention_sparsity_hint_defaults_to_the_target_and_is_checked():
     _, wm = _routed("llama", sparsity=0.7)
-    assert WideRuntime(wm, max_batch=1, max_seq=8).step_configs[False].attn_sparsity_hint == 0.7
+    rt = WideRuntime(wm, max_batch=1, max_seq=8)
+    assert rt.attn_sparsity_hints == [0.7, 0.7]
+    assert [st.attn_sparsity_hint for st in rt.step_configs[False]] == [0.6, 0.6]  # the threshold it reaches
     wm.detach()
     _, wm = _routed("llama")
-    assert WideRuntime(wm, max_batch=1, max_seq=8, attn_sparsity_hint=0.2).attn_sparsity_hint == 0.2
+    rt = WideRuntime(wm, max_batch=1, max_seq=8, attn_sparsity_hint=[0.2, 0.45])  # per layer
+    assert [st.attn_sparsity_hint for st in rt.step_configs[True]] == [0.0, 0.4]
+    ids = torch.randint(0, 101, (1, 5))
+    with torch.no_grad():
+        ref = wm(ids).logits[:, -1]
+    torch.testing.assert_close(rt.prefill(ids), ref, rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="attn_sparsity_hint"):
         WideRuntime(wm, max_batch=1, max_seq=8, attn_sparsity_hint=1.5)
+    with pytest.raises(ValueError, match="2 layers"):
+        WideRuntime(wm, max_batch=1, max_seq=8, attn_sparsity_hint=[0.5])
 
 
 @pytest.mark.gpu

@@ -87,7 +87,7 @@ def measure(
     reps: int,
     graph: bool,
     compile: bool = False,
-    attn_sparsity_hint: float | None = None,
+    attn_sparsity_hint: float | list[float] | None = None,
 ) -> dict:
     """TTFT of a `prompt`-token prefill and TPOT of one decode step at `context` cached tokens."""
     rt = WideRuntime(
@@ -180,7 +180,7 @@ def run_e2e_bench(
                 wm(probe)
             real = wm.stop_meter()
             clear_autotune_cache()  # tune the routed kernels on this level's masks, as a deployment would
-            r = measure(wm, True, **kw, attn_sparsity_hint=real["attn_sparsity"])  # as measured on the probe
+            r = measure(wm, True, **kw, attn_sparsity_hint=real["per_layer"]["attn"])  # as measured on the probe
             rows.append(
                 {
                     "kind": "e2e",

@@ -11,7 +11,7 @@ host syncs); on CPU tensors the torch reference runs unless TRITON_INTERPRET=1.
 
 from wide.kernels.attention import decode_num_splits, routed_attention_decode, routed_attention_prefill
 from wide.kernels.attention_reference import attention_decode_ref, attention_prefill_ref
-from wide.kernels.gemm_k import routed_gemm_k
+from wide.kernels.gemm_k import routed_gemm_k, sparsity_bucket
 from wide.kernels.gemm_mn import routed_gemm_mn, routed_swiglu
 from wide.kernels.reference import (
     gather_scatter_gemm_k,
@@ -20,7 +20,15 @@ from wide.kernels.reference import (
     routed_gemm_mn_ref,
     routed_swiglu_ref,
 )
-from wide.kernels.reorder import RouteIndex, has_index, plan_route, reorder, reorder_reference, route_mask
+from wide.kernels.reorder import (
+    RouteIndex,
+    has_index,
+    pattern_order,
+    plan_route,
+    reorder,
+    reorder_reference,
+    route_mask,
+)
 from wide.kernels.router import margin_decisions, margin_decisions_ref, router_decisions, router_decisions_ref
 
 
@@ -53,6 +61,7 @@ __all__ = [
     "has_index",
     "margin_decisions",
     "margin_decisions_ref",
+    "pattern_order",
     "plan_route",
     "reorder",
     "reorder_reference",
@@ -63,6 +72,7 @@ __all__ = [
     "routed_attention_prefill",
     "routed_gemm_k",
     "routed_gemm_k_ref",
+    "sparsity_bucket",
     "routed_gemm_mn",
     "routed_gemm_mn_ref",
     "routed_swiglu",

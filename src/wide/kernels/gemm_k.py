@@ -343,6 +343,13 @@ if HAS_TRITON:
     )(_gemm_k_ordered_kernel)
 
 
+def sparsity_bucket(hint: float | None) -> float:
+    """``hint`` reduced to what ``choose_algo`` reads of it: the largest ORDERED_WHEN sparsity it
+    reaches, else 0 (callers that specialise code on the hint, like the runtime's compiled layer
+    step, then share one variant across layers)."""
+    return max((s for _, s in ORDERED_WHEN if hint is not None and hint >= s), default=0.0)
+
+
 def choose_algo(
     m: int, group_size: int, deterministic: bool, n_groups: int | None = None, sparsity_hint: float | None = None
 ) -> str:

@@ -29,6 +29,7 @@ cache writes and residual adds fuse into a few kernels for every layer, for WIDE
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -233,9 +234,10 @@ class WideRuntime:
     calibration, threshold fits and LoRA merges. Building it re-points the model's q/k/v and gate/up
     weights to views of per-layer fused buffers (``fuse_linears``): the model computes as before and
     ``save_pretrained`` still works (it clones tensors that share a buffer). ``attn_sparsity_hint``: the
-    fraction of attention groups the routers skip (default: the config's target), from which the O
-    projection picks its GEMM-K schedule at large M (``wide.kernels.gemm_k.choose_algo``); pass the
-    sparsity measured on your data (``WideModel.start_meter``) when it differs. ``compile=True``: the layer
+    fraction of attention groups the routers skip, one value or one per layer (default: the config's
+    target), from which the O projection picks its GEMM-K schedule at large M
+    (``wide.kernels.gemm_k.choose_algo``); pass what you measured on your data (``WideModel.start_meter``,
+    ``stop_meter()["per_layer"]["attn"]``) when it differs. ``compile=True``: the layer
     step runs through ``torch.compile`` (first calls compile; raises dynamo's recompile limit to 64 for
     the process)."""
 
@@ -247,7 +249,7 @@ class WideRuntime:
         max_seq: int,
         routed: bool = True,
         gemm_k_algo: str = "auto",
-        attn_sparsity_hint: float | None = None,
+        attn_sparsity_hint: float | Sequence[float] | None = None,
         compile: bool = False,
     ):
         self.wm, self.hf = wm, wm.model
@@ -259,11 +261,7 @@ class WideRuntime:
                 f"routers decide per {s.attn_heads_per_group} heads: run them with the masked path (WideModel)"
             )
         self.routed, self.algo = routed, gemm_k_algo
-        cfg = wm.config
-        hint = attn_sparsity_hint if attn_sparsity_hint is not None else (cfg.attn_sparsity or cfg.sparsity)
-        if not 0.0 <= hint <= 1.0:
-            raise ValueError(f"attn_sparsity_hint must lie in [0, 1], got {hint}")
-        self.attn_sparsity_hint = float(hint)
+        self.attn_sparsity_hints = self._attn_hints(attn_sparsity_hint, len(self.layers))
         self.g_attn = s.attn_heads_per_group * d.head_dim
         self.g_ffn = s.ffn_group_size
         p = next(self.hf.parameters())
@@ -271,7 +269,10 @@ class WideRuntime:
         self.heads = [(self._router_head(r.attn, p.dtype), self._router_head(r.ffn, p.dtype)) for r in wm.routers]
         self.weights = [self._layer_weights(i, layer) for i, layer in enumerate(self.layers)]
         self.cache = StaticCache.empty(d.n_layers, max_batch, max_seq, d.n_kv_heads, d.head_dim, p.dtype, p.device)
-        self.step_configs = {dec: self._step_config(dec) for dec in (False, True)}  # prefill, decode
+        # per layer, prefill and decode; layers whose hints pick the same O schedule share a config
+        self.step_configs = {
+            dec: [self._step_config(dec, h) for h in self.attn_sparsity_hints] for dec in (False, True)
+        }
         self.step = layer_step
         if compile:  # one compiled layer step (per static config) serves every layer
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
@@ -299,7 +300,19 @@ class WideRuntime:
             layer.post_attention_layernorm.weight, *ffn, mlp.down_proj.weight, *heads,
         )  # fmt: skip
 
-    def _step_config(self, decode: bool) -> StepConfig:
+    def _attn_hints(self, hint: float | Sequence[float] | None, n_layers: int) -> list[float]:
+        """Per-layer expected attention sparsity: the given value(s), else the config's target."""
+        if hint is None:
+            cfg = self.wm.config
+            hint = cfg.attn_sparsity if cfg.attn_sparsity is not None else cfg.sparsity
+        hints = [float(hint)] * n_layers if isinstance(hint, (int, float)) else [float(h) for h in hint]
+        if len(hints) != n_layers:
+            raise ValueError(f"attn_sparsity_hint has {len(hints)} values for {n_layers} layers")
+        if not all(0.0 <= h <= 1.0 for h in hints):
+            raise ValueError(f"attn_sparsity_hint must lie in [0, 1], got {hints}")
+        return hints
+
+    def _step_config(self, decode: bool, attn_hint: float) -> StepConfig:
         d, layer = self.wm.dims, self.layers[0]
         qn = getattr(layer.self_attn, "q_norm", None)
         return StepConfig(
@@ -313,7 +326,7 @@ class WideRuntime:
             eps=float(layer.input_layernorm.variance_epsilon),
             qk_eps=float(qn.variance_epsilon) if qn is not None else 0.0,
             algo=self.algo,
-            attn_sparsity_hint=self.attn_sparsity_hint,
+            attn_sparsity_hint=K.sparsity_bucket(attn_hint),
         )
 
     # ------------------------------------------------------------------ pieces
@@ -332,9 +345,8 @@ class WideRuntime:
         """ids: [B, T], pos: [B, T] absolute positions -> logits of the last position [B, V]."""
         x = self.hf.model.embed_tokens(ids)  # [B, T, D]
         cos, sin = self.hf.model.rotary_emb(x, pos)  # [B, T, d], once for every layer
-        st = self.step_configs[decode]
         lens = self.cache.lens[: ids.shape[0]]
-        for i, w in enumerate(self.weights):
+        for i, (w, st) in enumerate(zip(self.weights, self.step_configs[decode], strict=True)):
             x = self.step(x, cos, sin, pos, lens, w, self.cache.k[i], self.cache.v[i], st)
         x = self.hf.model.norm(x[:, -1])
         return self.hf.lm_head(x).float()
