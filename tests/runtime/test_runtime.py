@@ -150,6 +150,9 @@ def test_attention_sparsity_hint_defaults_to_the_target_and_is_checked():
         WideRuntime(wm, max_batch=1, max_seq=8, attn_sparsity_hint=1.5)
     with pytest.raises(ValueError, match="2 layers"):
         WideRuntime(wm, max_batch=1, max_seq=8, attn_sparsity_hint=[0.5])
+    # a calibrated checkpoint's recorded per-layer rates are the default
+    wm.training_summary = {"skip_bias_fit": {"argmax_skip_after": {"attn0": 0.65, "ffn0": 0.1, "attn1": 0.1}}}
+    assert WideRuntime(wm, max_batch=1, max_seq=8).attn_sparsity_hints == [0.65, 0.1]
 
 
 @pytest.mark.gpu

@@ -234,12 +234,12 @@ class WideRuntime:
     calibration, threshold fits and LoRA merges. Building it re-points the model's q/k/v and gate/up
     weights to views of per-layer fused buffers (``fuse_linears``): the model computes as before and
     ``save_pretrained`` still works (it clones tensors that share a buffer). ``attn_sparsity_hint``: the
-    fraction of attention groups the routers skip, one value or one per layer (default: the config's
-    target), from which the O projection picks its GEMM-K schedule at large M
-    (``wide.kernels.gemm_k.choose_algo``); pass what you measured on your data (``WideModel.start_meter``,
-    ``stop_meter()["per_layer"]["attn"]``) when it differs. ``compile=True``: the layer
-    step runs through ``torch.compile`` (first calls compile; raises dynamo's recompile limit to 64 for
-    the process)."""
+    fraction of attention groups the routers skip, one value or one per layer (default: the per-layer
+    rates a calibrated checkpoint recorded, else the config's target), from which the O projection
+    picks its GEMM-K schedule at large M (``wide.kernels.gemm_k.choose_algo``); pass what you measured
+    on your data (``WideModel.start_meter``, ``stop_meter()["per_layer"]["attn"]``) when it differs.
+    ``compile=True``: the layer step runs through ``torch.compile`` (first calls compile; raises
+    dynamo's recompile limit to 64 for the process)."""
 
     def __init__(
         self,
@@ -301,10 +301,15 @@ class WideRuntime:
         )  # fmt: skip
 
     def _attn_hints(self, hint: float | Sequence[float] | None, n_layers: int) -> list[float]:
-        """Per-layer expected attention sparsity: the given value(s), else the config's target."""
+        """Per-layer expected attention sparsity: the given value(s); else the per-layer argmax skip
+        rates a calibrated checkpoint records (its threshold fit); else the config's target."""
         if hint is None:
-            cfg = self.wm.config
-            hint = cfg.attn_sparsity if cfg.attn_sparsity is not None else cfg.sparsity
+            fit = getattr(self.wm, "training_summary", {}).get("skip_bias_fit", {}).get("argmax_skip_after", {})
+            if all(f"attn{i}" in fit for i in range(n_layers)):
+                hint = [fit[f"attn{i}"] for i in range(n_layers)]
+            else:
+                cfg = self.wm.config
+                hint = cfg.attn_sparsity if cfg.attn_sparsity is not None else cfg.sparsity
         hints = [float(hint)] * n_layers if isinstance(hint, (int, float)) else [float(h) for h in hint]
         if len(hints) != n_layers:
             raise ValueError(f"attn_sparsity_hint has {len(hints)} values for {n_layers} layers")
