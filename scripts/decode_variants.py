@@ -515,25 +515,20 @@ def main(out_dir: str) -> None:
     for m in (1, 4):
         if f"gemm{m}" in parts:
             gemm_variants(recs, m)
-    if "attn" in parts:
-        attn_variants(recs)
-    if "down32" in parts:
-        gemm_variants(recs, 1, ("down32",))
-    if "gemmk" in parts:  # GEMM-K (O, down) small path at M 1 and 4
-        for m in (1, 4):
-            gemm_variants(recs, m, ("o", "down"))
-    if "large" in parts:
-        large_mn_variants(recs)
-    if "pick" in parts:
-        autotune_pick(recs)
-    if "prefill" in parts:
-        prefill_variants(recs)
-    if "router" in parts:
-        router_variants(recs)
-    if "pdl" in parts:
-        pdl_variants(recs)
-    if "ordered" in parts:
-        ordered_variants(recs)
+    other_parts = {
+        "attn": attn_variants,
+        "down32": lambda r: gemm_variants(r, 1, ("down32",)),
+        "gemmk": lambda r: [gemm_variants(r, m, ("o", "down")) for m in (1, 4)],  # GEMM-K small path, M 1 / 4
+        "large": large_mn_variants,
+        "pick": autotune_pick,
+        "prefill": prefill_variants,
+        "router": router_variants,
+        "pdl": pdl_variants,
+        "ordered": ordered_variants,
+    }
+    for name, run in other_parts.items():  # in this order, whatever the order of PARTS
+        if name in parts:
+            run(recs)
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "wall_s": time.time() - t0}
     with open(f"{out_dir}/decode_variants.json", "w") as f:
         json.dump({"meta": meta, "records": recs}, f, indent=1)

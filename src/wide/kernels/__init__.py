@@ -72,9 +72,9 @@ __all__ = [
     "routed_attention_prefill",
     "routed_gemm_k",
     "routed_gemm_k_ref",
-    "sparsity_bucket",
     "routed_gemm_mn",
     "routed_gemm_mn_ref",
     "routed_swiglu",
     "routed_swiglu_ref",
+    "sparsity_bucket",
 ]

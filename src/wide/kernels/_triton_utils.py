@@ -106,7 +106,9 @@ def ensure_allocator() -> None:
 
 @functools.cache
 def tma_supported(device_index: int = 0) -> bool:
-    """Hopper+ GPU, compiled Triton with ``tl.make_tensor_descriptor``, and a probe kernel that runs."""
+    """Hopper+ GPU, compiled Triton with ``tl.make_tensor_descriptor``, and a probe kernel that runs.
+
+    True also means the descriptors' scratch allocator is installed (``ensure_allocator``)."""
     if not HAS_TRITON or interpret_mode() or not torch.cuda.is_available():
         return False
     if os.environ.get("WIDE_NO_TMA", "0") == "1":

@@ -37,7 +37,6 @@ from ._triton_utils import (
     SMALL_M_K,
     autotune_subset,
     check_dtype,
-    ensure_allocator,
     largest_pow2_divisor,
     m_bucket,
     next_pow2,
@@ -397,9 +396,7 @@ def _launch_ordered(x, w, mask_u8, order, y, g: int, x_zeroed: bool, prec: str) 
         grid = (triton.cdiv(m, 16) * triton.cdiv(n, 32),)
         _gemm_k_ordered_kernel[grid](*args, **flags, **cfg)
         return y
-    _STATE["tma"] = tma_supported(x.device.index or 0)
-    if _STATE["tma"]:
-        ensure_allocator()
+    _STATE["tma"] = tma_supported(x.device.index or 0)  # installs the allocator too
 
     def grid(meta):
         return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
@@ -441,9 +438,7 @@ def _launch_k(x, w, idx, count, mask, order, g: int, algo: str, x_zeroed: bool) 
         return ws.sum(0).to(x.dtype)
 
     if algo == "atomic":
-        _STATE["tma"] = tma_supported(x.device.index or 0)
-        if _STATE["tma"]:
-            ensure_allocator()
+        _STATE["tma"] = tma_supported(x.device.index or 0)  # installs the allocator too
         ws = torch.zeros(m, n, device=x.device, dtype=torch.float32)
 
         def grid(meta):

@@ -27,7 +27,6 @@ from ._triton_utils import (
     SMALL_M,
     autotune_subset,
     check_dtype,
-    ensure_allocator,
     gemm_path,
     largest_pow2_divisor,
     m_bucket,
@@ -215,9 +214,7 @@ def _launch_mn(x, w, w2, route_idx, count, g: int, zero: bool, swiglu: bool) -> 
     args = (x, w, w2, y, route_idx, count, m, n, k, g, x.stride(0), w.stride(0), y.stride(0), m_bucket(m))
     flags = {"SWIGLU": swiglu, "ZERO": zero, "PREC": prec}
     if x.is_cuda:
-        _STATE["tma"] = tma_supported(x.device.index or 0)
-        if _STATE["tma"]:
-            ensure_allocator()
+        _STATE["tma"] = tma_supported(x.device.index or 0)  # installs the allocator too
 
         def grid(meta):
             return (triton.cdiv(m, meta["BLOCK_M"]) * (n // meta["BLOCK_N"]),)
