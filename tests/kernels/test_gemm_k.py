@@ -102,9 +102,15 @@ def test_choose_algo_regimes():
     # the runtime specialises on the bucket: it must choose as the raw hint does
     from wide.kernels.gemm_k import sparsity_bucket
 
-    for h in (None, 0.0, 0.39, 0.4, 0.55, 0.6, 0.9):
+    from wide.kernels import gemm_path
+
+    for h in (None, 0.0, 0.05, 0.1, 0.2, 0.39, 0.4, 0.55, 0.6, 0.9):
         for m in (4096, 8192, 16384):
             assert choose_algo(m, 512, True, 8, sparsity_bucket(h)) == choose_algo(m, 512, True, 8, h)
+            for g in (32, 64, 128, 512):  # and the GEMM-MN path, given the group size
+                b = sparsity_bucket(h, g)
+                assert gemm_path(m, "auto", g, b if h is not None else None) == gemm_path(m, "auto", g, h)
+                assert choose_algo(m, g, True, 8, b) == choose_algo(m, g, True, 8, h)
 
 
 def test_gemm_k_errors():

@@ -153,6 +153,27 @@ def test_attention_sparsity_hint_defaults_to_the_target_and_is_checked():
     # a calibrated checkpoint's recorded per-layer rates are the default
     wm.training_summary = {"skip_bias_fit": {"argmax_skip_after": {"attn0": 0.65, "ffn0": 0.1, "attn1": 0.1}}}
     assert WideRuntime(wm, max_batch=1, max_seq=8).attn_sparsity_hints == [0.65, 0.1]
+    assert WideRuntime(wm, max_batch=1, max_seq=8).ffn_sparsity_hints == [0.5, 0.5]  # ffn1 missing: the target
+
+
+def test_hints_pick_the_dense_path_at_low_sparsity_and_keep_the_output():
+    """FFN / attention hints reach the step configs bucketed (gate/up, Q: dense below mn_dense_below(G));
+    a prompt past DENSE_M runs through the dense or the sorted GEMM-MN and matches the model either way."""
+    from wide.kernels import mn_dense_below
+
+    _, wm = _routed("llama")
+    ids = torch.randint(0, 101, (1, 300))  # M 300 > DENSE_M
+    with torch.no_grad():
+        ref = wm(ids).logits[:, -1]
+    for ffn_hint in (0.0, 0.9):
+        rt = WideRuntime(wm, max_batch=1, max_seq=304, attn_sparsity_hint=0.0, ffn_sparsity_hint=ffn_hint)
+        assert rt.ffn_sparsity_hints == [ffn_hint, ffn_hint]
+        st = rt.step_configs[False][0]
+        assert st.attn_sparsity_hint == 0.0
+        assert (st.ffn_sparsity_hint < mn_dense_below(rt.g_ffn)) == (ffn_hint == 0.0)
+        torch.testing.assert_close(rt.prefill(ids), ref, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="ffn_sparsity_hint"):
+        WideRuntime(wm, max_batch=1, max_seq=8, ffn_sparsity_hint=[0.1, 0.2, 0.3])
 
 
 @pytest.mark.gpu

@@ -88,6 +88,7 @@ def measure(
     graph: bool,
     compile: bool = False,
     attn_sparsity_hint: float | list[float] | None = None,
+    ffn_sparsity_hint: float | list[float] | None = None,
 ) -> dict:
     """TTFT of a `prompt`-token prefill and TPOT of one decode step at `context` cached tokens."""
     rt = WideRuntime(
@@ -97,6 +98,7 @@ def measure(
         routed=routed,
         compile=compile,
         attn_sparsity_hint=attn_sparsity_hint,
+        ffn_sparsity_hint=ffn_sparsity_hint,
     )
     vocab = wm.dims.vocab
     ids = torch.randint(0, vocab, (batch, prompt), device=device)
@@ -180,7 +182,8 @@ def run_e2e_bench(
                 wm(probe)
             real = wm.stop_meter()
             clear_autotune_cache()  # tune the routed kernels on this level's masks, as a deployment would
-            r = measure(wm, True, **kw, attn_sparsity_hint=real["per_layer"]["attn"])  # as measured on the probe
+            per_layer = real["per_layer"]  # the routers' sparsity as measured on the probe
+            r = measure(wm, True, **kw, attn_sparsity_hint=per_layer["attn"], ffn_sparsity_hint=per_layer["ffn"])
             rows.append(
                 {
                     "kind": "e2e",

@@ -8,8 +8,11 @@ re-timed with every WIDE variant, the replays of the two interleaved. Each spars
 afresh on its own masks (``clear_autotune_cache``), as a model deployed at that level is.
 
 The WIDE operators are called as ``wide.runtime`` calls them: for Q and fused gate+up (the first
-operators of their decision) the timing includes ``plan_route(mask)`` — the reorder when M > 256,
-nothing below (the small-M and mid-M paths read the mask); Q leaves inactive heads unspecified
+operators of their decision) the timing includes ``plan_route(mask)`` — the reorder when the sorted
+path runs, nothing otherwise (the small-M and dense paths read the mask). They get the level the masks
+were drawn at as their ``sparsity_hint``: past M 256 it sends levels too low for the sorted kernel to
+win to cuBLAS ('dense', ``gemm_path``; the full sweep also times the sorted kernel forced there, as
+variant 'sorted', and every record names its ``path``). Q leaves inactive heads unspecified
 (attention skips them); O and down reuse the route and get an input whose inactive groups are 0
 (``x_zeroed``, as routed attention / SwiGLU write it) and the level the masks were drawn at as their
 ``sparsity_hint`` (which picks the 'ordered' GEMM-K for O at large M; its row order is computed
@@ -30,6 +33,7 @@ from wide.bench.timing import copies_for
 from wide.bench.timing import time_calls as time_graph  # module names: the CPU test replaces them
 from wide.bench.timing import time_together as time_variants
 from wide.kernels import clear_autotune_cache
+from wide.kernels._triton_utils import DENSE_M, gemm_path
 from wide.kernels.gemm_k import ORDERED_MAX_GROUPS, routed_gemm_k
 from wide.kernels.gemm_mn import routed_gemm_mn, routed_swiglu
 from wide.kernels.reference import (
@@ -55,9 +59,12 @@ def _mask(m: int, ng: int, sparsity: float, gen: torch.Generator | None, device:
     return torch.rand(m, ng, device=device, generator=gen) >= sparsity
 
 
-def _variants(kind: str, m: int, sp: float, extra: bool) -> list[str]:
-    """'auto' plus, in the full sweep at 50%, the forced paths worth comparing at this M."""
+def _variants(kind: str, m: int, sp: float, extra: bool, g: int) -> list[str]:
+    """'auto' plus, in the full sweep, the forced paths worth comparing at this M: at 50% the other
+    paths; where the hint sends a GEMM-MN past DENSE_M to cuBLAS, the sorted kernel it passed over."""
     out = ["auto"]
+    if extra and kind != "gemm_k" and m > DENSE_M and gemm_path(m, "auto", g, sp) != "sorted":
+        out.append("sorted")
     if not extra or sp != 0.5:
         return out
     if kind == "gemm_k":
@@ -76,11 +83,12 @@ def _variants(kind: str, m: int, sp: float, extra: bool) -> list[str]:
 
 def _op_call(kind: str, variant: str, x, w, w2, g: int, xz, sparsity: float) -> Callable:
     """The WIDE call of one operator on one input copy, as a function of the route."""
+    # the hint: the level the masks were drawn at, as a deployment knows its routers'
     if kind == "gemm_mn":
-        return lambda r: routed_gemm_mn(x, w, r, g, zero_inactive=False, path=variant)
+        return lambda r: routed_gemm_mn(x, w, r, g, zero_inactive=False, path=variant, sparsity_hint=sparsity)
     if kind == "gemm_mn_swiglu":
-        return lambda r: routed_swiglu(x, w, w2, r, g, path=variant)
-    if variant == "auto":  # the hint: the level the masks were drawn at, as a deployment knows its routers'
+        return lambda r: routed_swiglu(x, w, w2, r, g, path=variant, sparsity_hint=sparsity)
+    if variant == "auto":
         return lambda r: routed_gemm_k(xz, w, r, g, x_zeroed=True, sparsity_hint=sparsity)
     return lambda r: routed_gemm_k(x, w, r, g, algo=variant)
 
@@ -115,8 +123,11 @@ def bench_op(
             # O / down get the producer's zeros in the inactive groups
             xzs = [x * mk.repeat_interleave(g, dim=1).to(dt) if kind == "gemm_k" else x for x, mk in zip(xs, masks)]
             active = torch.stack(masks).float().mean().item()
-            for variant in _variants(kind, m, sp, extra_variants):
-                build = reorder if variant in ("sorted", "stationary", "atomic") else plan_route
+            for variant in _variants(kind, m, sp, extra_variants, g):
+                if variant in ("sorted", "stationary", "atomic"):
+                    build, build_name = reorder, "reorder"
+                else:  # as the runtime plans it: the reorder only if the GEMM-MN will take the sorted path
+                    build, build_name = partial(plan_route, group_size=g, sparsity_hint=sp), "plan_route"
                 ops = [
                     _op_call(kind, variant, x, w, w2, g, xz, sp) for x, w, w2, xz in zip(xs, ws, w2s, xzs, strict=False)
                 ]
@@ -138,7 +149,8 @@ def bench_op(
                         active_fraction=round(active, 4),
                         variant=variant,
                         route_included=with_route,
-                        route_build=build.__name__,
+                        route_build=build_name,
+                        path=gemm_path(m, variant, g, sp) if kind != "gemm_k" else None,
                         copies=nc,
                         dense_ms=dense_ms,
                         wide_ms=wide_ms,

@@ -1,7 +1,8 @@
 """Routed kernels (Triton) with torch references.
 
-One `plan_route(mask)` per routing decision (the `reorder` index when M > DENSE_M, else the mask alone;
-small-M and mid-M kernels read the mask) gives a RouteIndex shared by the operators of that decision:
+One `plan_route(mask, group_size, sparsity_hint)` per routing decision (the `reorder` index when the
+GEMM-MN takes the sorted path — M > DENSE_M and enough expected sparsity, `gemm_path` — else the mask
+alone: the small-M and dense paths read the mask) gives a RouteIndex shared by the operators of that decision:
   attention: routed_gemm_mn (Q) -> routed_attention_prefill / _decode -> routed_gemm_k (O)
   FFN:       routed_swiglu (gate+up, fused) -> routed_gemm_k (down)
 The decisions themselves: router_decisions (projection + margin head) / margin_decisions, one launch at decode.
@@ -9,6 +10,7 @@ Every op is a `torch.library` custom op in the `wide::` namespace (torch.compile
 host syncs); on CPU tensors the torch reference runs unless TRITON_INTERPRET=1.
 """
 
+from wide.kernels._triton_utils import gemm_path, mn_dense_below
 from wide.kernels.attention import decode_num_splits, routed_attention_decode, routed_attention_prefill
 from wide.kernels.attention_reference import attention_decode_ref, attention_prefill_ref
 from wide.kernels.gemm_k import routed_gemm_k, sparsity_bucket
@@ -58,9 +60,11 @@ __all__ = [
     "decode_num_splits",
     "gather_scatter_gemm_k",
     "gather_scatter_gemm_n",
+    "gemm_path",
     "has_index",
     "margin_decisions",
     "margin_decisions_ref",
+    "mn_dense_below",
     "pattern_order",
     "plan_route",
     "reorder",

@@ -168,12 +168,39 @@ SMALL_M = 16  # M <= SMALL_M (decode): mask-reading kernels skip the weight tile
 SMALL_M_K = 4
 DENSE_M = 256  # SMALL_M < M <= DENSE_M: every group has an active token, so cuBLAS + masked epilogue
 PATHS = ("auto", "small", "dense", "sorted")
+# M > DENSE_M: the sorted GEMM-MN kernel runs at ~0.9x of cuBLAS per useful FLOP for groups of >= 128
+# columns and ~0.6x for 32-column groups (kernels-h200.json, 0% sparsity: q 0.87-0.92x, gate/up G 128
+# 0.86-0.92x, G 32 0.58-0.61x), so it wins only once the skipped fraction exceeds 1 - that efficiency.
+# Below it, a caller that knows its routers' sparsity gets cuBLAS + the masked epilogue ('dense').
+# group size -> expected sparsity below which 'dense' serves M > DENSE_M (64: between the two measured).
+MN_DENSE_BELOW = ((128, 0.1), (64, 0.2), (0, 0.4))
 
 
-def gemm_path(m: int, path: str = "auto") -> str:
-    """The routed-GEMM path for M tokens: 'small' | 'dense' | 'sorted' (``path`` forces one)."""
+def mn_dense_below(group_size: int) -> float:
+    """The expected sparsity below which a routed GEMM-MN of this group size runs dense at M > DENSE_M."""
+    return next(s for g_min, s in MN_DENSE_BELOW if group_size >= g_min)
+
+
+def check_sparsity_hint(hint: float | None) -> None:
+    """A routed GEMM's ``sparsity_hint`` is None or a fraction."""
+    if hint is not None and not 0.0 <= hint <= 1.0:
+        raise ValueError(f"sparsity_hint must lie in [0, 1], got {hint}")
+
+
+def gemm_path(m: int, path: str = "auto", group_size: int | None = None, sparsity_hint: float | None = None) -> str:
+    """The routed GEMM-MN path for M tokens: 'small' | 'dense' | 'sorted' (``path`` forces one).
+
+    'auto': 'small' at M <= SMALL_M, 'dense' up to DENSE_M, beyond it 'sorted' unless the caller's
+    ``sparsity_hint`` (the fraction of groups it expects skipped) is below ``mn_dense_below(group_size)``.
+    Never reads the mask (no host sync)."""
     if path not in PATHS:
         raise ValueError(f"unknown path {path!r}; choose from {PATHS}")
     if path != "auto":
         return path
-    return "small" if m <= SMALL_M else ("dense" if m <= DENSE_M else "sorted")
+    if m <= SMALL_M:
+        return "small"
+    if m <= DENSE_M:
+        return "dense"
+    if sparsity_hint is not None and group_size is not None and sparsity_hint < mn_dense_below(group_size):
+        return "dense"
+    return "sorted"

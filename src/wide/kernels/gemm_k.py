@@ -37,8 +37,10 @@ from ._triton_utils import (
     SMALL_M_K,
     autotune_subset,
     check_dtype,
+    check_sparsity_hint,
     largest_pow2_divisor,
     m_bucket,
+    mn_dense_below,
     next_pow2,
     tma_supported,
     use_triton,
@@ -342,11 +344,15 @@ if HAS_TRITON:
     )(_gemm_k_ordered_kernel)
 
 
-def sparsity_bucket(hint: float | None) -> float:
-    """``hint`` reduced to what ``choose_algo`` reads of it: the largest ORDERED_WHEN sparsity it
-    reaches, else 0 (callers that specialise code on the hint, like the runtime's compiled layer
-    step, then share one variant across layers)."""
-    return max((s for _, s in ORDERED_WHEN if hint is not None and hint >= s), default=0.0)
+def sparsity_bucket(hint: float | None, group_size: int | None = None) -> float:
+    """``hint`` reduced to what the schedule choices read of it: the largest threshold it reaches among
+    ORDERED_WHEN's sparsities (``choose_algo``) and, given the group size, the GEMM-MN dense/sorted
+    threshold (``mn_dense_below``), else 0. Callers that specialise code on the hint, like the runtime's
+    compiled layer step, then share one variant across layers that choose alike."""
+    if hint is None:
+        return 0.0
+    thresholds = [s for _, s in ORDERED_WHEN] + ([mn_dense_below(group_size)] if group_size is not None else [])
+    return max((s for s in thresholds if hint >= s), default=0.0)
 
 
 def choose_algo(
@@ -521,8 +527,7 @@ def routed_gemm_k(
     validate_route(x, w.shape[0], w.shape[1], route, group_size, "k")
     if algo not in ALGOS:
         raise ValueError(f"unknown algo {algo!r}; choose from {ALGOS}")
-    if sparsity_hint is not None and not 0.0 <= sparsity_hint <= 1.0:
-        raise ValueError(f"sparsity_hint must lie in [0, 1], got {sparsity_hint}")
+    check_sparsity_hint(sparsity_hint)
     m = x.shape[0]
     if algo == "auto" or (deterministic and algo == "atomic"):
         algo = choose_algo(m, group_size, deterministic, w.shape[1] // group_size, sparsity_hint)

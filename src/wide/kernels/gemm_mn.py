@@ -15,7 +15,9 @@ memory, or the dense value on the 'dense' path): use it only when a consumer ign
 
 This sorted kernel serves M > DENSE_M. ``path='auto'`` sends decode-sized M (<= SMALL_M) to
 ``small_m`` (reads the mask, no reorder needed) and SMALL_M < M <= DENSE_M to ``dense_mid`` (cuBLAS:
-routing cannot skip weight reads there).
+routing cannot skip weight reads there); beyond DENSE_M it sends a caller whose ``sparsity_hint`` is
+below ``mn_dense_below(group_size)`` to ``dense_mid`` as well (the sorted kernel's ~0.9x / ~0.6x of
+cuBLAS per useful FLOP at groups of >= 128 / 32 columns would lose to cuBLAS at that sparsity).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from ._triton_utils import (
     SMALL_M,
     autotune_subset,
     check_dtype,
+    check_sparsity_hint,
     gemm_path,
     largest_pow2_divisor,
     m_bucket,
@@ -240,7 +243,7 @@ def validate_route(x: torch.Tensor, n_out: int, n_in: int, route: RouteIndex, gr
     if x.shape[1] != n_in:
         raise ValueError(f"x has K={x.shape[1]} but the weight expects K={n_in}")
     ng = routed // group_size
-    if not has_index(route):  # index-less route of plan_route (M <= DENSE_M): the mask alone
+    if not has_index(route):  # index-less route of plan_route (small / dense paths): the mask alone
         if route.mask is None or tuple(route.mask.shape) != (x.shape[0], ng) or route.mask.dtype != torch.bool:
             raise ValueError(f"route without index needs route.mask bool [{x.shape[0]}, {ng}]")
         if route.mask.device != x.device:
@@ -262,13 +265,19 @@ def _route_of(idx: torch.Tensor, count: torch.Tensor, mask: torch.Tensor) -> Rou
     return RouteIndex(idx, count, e, e, mask)
 
 
-def resolve_path(m: int, route: RouteIndex, path: str) -> str:
+def resolve_path(
+    m: int, route: RouteIndex, path: str, group_size: int | None = None, sparsity_hint: float | None = None
+) -> str:
     """The path a routed GEMM-MN takes for M tokens (``gemm_path``), checked against the route."""
-    path = gemm_path(m, path)
+    check_sparsity_hint(sparsity_hint)
+    path = gemm_path(m, path, group_size, sparsity_hint)
     if path == "small" and m > SMALL_M:
         raise ValueError(f"path 'small' serves M <= {SMALL_M}, got M={m}")
     if path == "sorted" and not has_index(route):
-        raise ValueError("path 'sorted' needs the reorder index: pass reorder(mask), not plan_route(mask)")
+        raise ValueError(
+            "path 'sorted' needs the reorder index: pass reorder(mask) or plan_route(mask) built with the "
+            "same sparsity_hint and group_size"
+        )
     return path
 
 
@@ -331,15 +340,18 @@ def routed_gemm_mn(
     *,
     zero_inactive: bool = True,
     path: str = "auto",
+    sparsity_hint: float | None = None,
 ) -> torch.Tensor:
     """N-axis routed projection: ``y[m, n] = x[m]·w[n]`` if m is active in group ``n // group_size``.
 
     x: [M, K], w: [N, K] -> y: [M, N]. Inactive entries are 0 (``zero_inactive``) or unspecified.
     ``path``: 'auto' (by M: 'small' <= SMALL_M < 'dense' <= DENSE_M < 'sorted') or one forced.
+    ``sparsity_hint``: the fraction of groups the caller expects skipped; with it, 'auto' runs M > DENSE_M
+    dense (cuBLAS) when too little is skipped for the sorted kernel to win (``mn_dense_below``).
     """
     check_dtype(x, w)
     validate_route(x, w.shape[0], w.shape[1], route, group_size, "n")
-    path = resolve_path(x.shape[0], route, path)
+    path = resolve_path(x.shape[0], route, path, group_size, sparsity_hint)
     mask = route_mask(route).contiguous()
     return _gemm_mn_op(x.contiguous(), w.contiguous(), route.idx, route.count, mask, group_size, zero_inactive, path)
 
@@ -353,18 +365,19 @@ def routed_swiglu(
     *,
     zero_inactive: bool = True,
     path: str = "auto",
+    sparsity_hint: float | None = None,
 ) -> torch.Tensor:
     """Fused routed gate+up: ``h = silu(x w_gate^T) * (x w_up^T)`` on active (row, group).
 
     x: [M, K], w_gate/w_up: [N, K] -> h: [M, N]; x is read once, h written once (small / sorted
-    paths; the dense path runs two cuBLAS GEMMs and one fused epilogue). ``path`` as in
-    ``routed_gemm_mn``.
+    paths; the dense path runs two cuBLAS GEMMs and one fused epilogue). ``path`` and
+    ``sparsity_hint`` as in ``routed_gemm_mn``.
     """
     check_dtype(x, w_gate, w_up)
     if w_gate.shape != w_up.shape:
         raise ValueError(f"w_gate {tuple(w_gate.shape)} and w_up {tuple(w_up.shape)} differ")
     validate_route(x, w_gate.shape[0], w_gate.shape[1], route, group_size, "n")
-    path = resolve_path(x.shape[0], route, path)
+    path = resolve_path(x.shape[0], route, path, group_size, sparsity_hint)
     mask = route_mask(route).contiguous()
     return _swiglu_op(
         x.contiguous(),

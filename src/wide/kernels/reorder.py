@@ -11,7 +11,7 @@ from typing import NamedTuple
 import torch
 
 from ._split_reduce import tile_counters
-from ._triton_utils import DENSE_M, HAS_TRITON, next_pow2, use_triton
+from ._triton_utils import HAS_TRITON, gemm_path, next_pow2, use_triton
 
 if HAS_TRITON:
     import triton
@@ -335,19 +335,21 @@ def has_index(route: RouteIndex) -> bool:
     return route.mask is None or route.idx.shape[1] == route.mask.shape[0]
 
 
-def plan_route(mask: torch.Tensor) -> RouteIndex:
+def plan_route(mask: torch.Tensor, group_size: int | None = None, sparsity_hint: float | None = None) -> RouteIndex:
     """What the routed operators of one decision need, computed once per decision.
 
-    M > DENSE_M: the full ``reorder`` (sorted kernels). M <= DENSE_M: the mask alone (idx [N_G, 0],
-    count/batch fields empty) — the small-M and dense-M paths read the mask, so no reorder kernel
-    runs at decode; routed attention prefill computes its own index if it needs one. The 'ordered'
-    GEMM-K computes its ``pattern_order`` itself unless the route carries one.
+    The full ``reorder`` when the decision's GEMM-MN takes the sorted path (M > DENSE_M, unless
+    ``sparsity_hint`` with ``group_size`` sends it dense: ``gemm_path``; pass the ones the GEMM-MN
+    gets); else the mask alone (idx [N_G, 0], count/batch fields empty) — the small-M and dense paths
+    read the mask, so no reorder kernel runs at decode; routed attention prefill computes its own
+    index if it needs one. The 'ordered' GEMM-K computes its ``pattern_order`` itself unless the
+    route carries one.
     """
     m3 = _as_btg(mask)
     if m3.dtype != torch.bool:
         m3 = m3 != 0
     b, t, ng = m3.shape
-    if b * t > DENSE_M:
+    if gemm_path(b * t, "auto", group_size, sparsity_hint) == "sorted":
         return reorder(m3)
     e = torch.empty(0, dtype=torch.int32, device=m3.device)
     return RouteIndex(e.new_empty((ng, 0)), e, e.new_empty((0, ng)), e.new_empty((0, ng)), m3.reshape(b * t, ng))

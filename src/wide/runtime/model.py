@@ -13,7 +13,9 @@ router reads the same normed hidden state as K/V), so a decode step launches few
 The fused weights are row blocks of one buffer per layer; the Hugging Face modules' weights are
 re-pointed to views of it (same values, no second copy).
 
-`plan_route` runs the reorder only when M = B*T > DENSE_M (decode reads the mask directly). Q leaves
+`plan_route` runs the reorder only when Q / gate-up take the sorted path: M = B*T > DENSE_M and the
+expected sparsity of the layer's routers (the runtime's hints) high enough for it to beat cuBLAS
+(decode reads the mask directly). Q leaves
 its inactive heads unspecified (attention skips them); attention and SwiGLU write zeros there, so O
 and down are told their input is pre-zeroed (``x_zeroed``).
 
@@ -95,7 +97,9 @@ class StepConfig(NamedTuple):
     eps: float
     qk_eps: float
     algo: str
-    attn_sparsity_hint: float | None = None  # expected skipped fraction of attention groups (O's schedule)
+    # expected skipped fractions (bucketed: ``K.sparsity_bucket``): Q's path and O's schedule; gate/up's path
+    attn_sparsity_hint: float | None = None
+    ffn_sparsity_hint: float | None = None
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -127,8 +131,10 @@ def _attention(
         kvr = F.linear(h2, w.w_kvr, w.b_kvr)  # [M, 2 Hk*d + r]: K, V and the router's D -> r in one GEMM
         k, v, r = kvr.split([kv_width, kv_width, kvr.shape[-1] - 2 * kv_width], dim=-1)
         mask = K.margin_decisions(r, *w.margin_attn).view(b, t, -1)  # [B, T, Hk]
-        route = K.plan_route(mask)
-        q = K.routed_gemm_mn(h2, w.wq, route, st.g_attn, zero_inactive=False)  # attention ignores inactive heads
+        hint = st.attn_sparsity_hint
+        route = K.plan_route(mask, st.g_attn, hint)
+        # Q's inactive heads stay unspecified: attention ignores them
+        q = K.routed_gemm_mn(h2, w.wq, route, st.g_attn, zero_inactive=False, sparsity_hint=hint)
         if w.bq is not None:  # bias only where the group runs (inactive outputs stay 0)
             q = q + w.bq * mask.reshape(b * t, -1).repeat_interleave(st.g_attn, dim=-1).to(q.dtype)
     else:
@@ -168,9 +174,10 @@ def _ffn(x: torch.Tensor, w: LayerWeights, st: StepConfig) -> torch.Tensor:
     b, t, _ = x.shape
     h2 = rms_norm(x, w.ln_ffn, st.eps).reshape(b * t, -1)
     if st.routed:
-        route = K.plan_route(K.router_decisions(h2.view(b, t, -1), *w.head_ffn))
-        a = K.routed_swiglu(h2, w.w_gate, w.w_up, route, st.g_ffn)  # zeros if inactive
-        y = K.routed_gemm_k(a, w.w_down, route, st.g_ffn, algo=st.algo, x_zeroed=True)
+        hint = st.ffn_sparsity_hint
+        route = K.plan_route(K.router_decisions(h2.view(b, t, -1), *w.head_ffn), st.g_ffn, hint)
+        a = K.routed_swiglu(h2, w.w_gate, w.w_up, route, st.g_ffn, sparsity_hint=hint)  # zeros if inactive
+        y = K.routed_gemm_k(a, w.w_down, route, st.g_ffn, algo=st.algo, x_zeroed=True, sparsity_hint=hint)
     else:
         gate, up = F.linear(h2, w.w_gate_up).chunk(2, dim=-1)  # [M, D'] each, one GEMM
         y = F.linear(F.silu(gate) * up, w.w_down)
@@ -233,11 +240,13 @@ class WideRuntime:
     The weight tensors and folded router heads are taken when the runtime is built: build it after
     calibration, threshold fits and LoRA merges. Building it re-points the model's q/k/v and gate/up
     weights to views of per-layer fused buffers (``fuse_linears``): the model computes as before and
-    ``save_pretrained`` still works (it clones tensors that share a buffer). ``attn_sparsity_hint``: the
-    fraction of attention groups the routers skip, one value or one per layer (default: the per-layer
-    rates a calibrated checkpoint recorded, else the config's target), from which the O projection
-    picks its GEMM-K schedule at large M (``wide.kernels.gemm_k.choose_algo``); pass what you measured
-    on your data (``WideModel.start_meter``, ``stop_meter()["per_layer"]["attn"]``) when it differs.
+    ``save_pretrained`` still works (it clones tensors that share a buffer). ``attn_sparsity_hint`` /
+    ``ffn_sparsity_hint``: the fraction of attention / FFN groups the routers skip, one value or one per
+    layer (default: the per-layer rates a calibrated checkpoint recorded, else the config's targets),
+    from which Q and gate/up pick their path at large M (cuBLAS when too little is skipped:
+    ``wide.kernels.gemm_path``) and O its GEMM-K schedule (``wide.kernels.gemm_k.choose_algo``); pass
+    what you measured on your data (``WideModel.start_meter``, ``stop_meter()["per_layer"]``) when it
+    differs.
     ``compile=True``: the layer step runs through ``torch.compile`` (first calls compile; raises
     dynamo's recompile limit to 64 for the process)."""
 
@@ -250,6 +259,7 @@ class WideRuntime:
         routed: bool = True,
         gemm_k_algo: str = "auto",
         attn_sparsity_hint: float | Sequence[float] | None = None,
+        ffn_sparsity_hint: float | Sequence[float] | None = None,
         compile: bool = False,
     ):
         self.wm, self.hf = wm, wm.model
@@ -261,7 +271,8 @@ class WideRuntime:
                 f"routers decide per {s.attn_heads_per_group} heads: run them with the masked path (WideModel)"
             )
         self.routed, self.algo = routed, gemm_k_algo
-        self.attn_sparsity_hints = self._attn_hints(attn_sparsity_hint, len(self.layers))
+        self.attn_sparsity_hints = self._hints("attn", attn_sparsity_hint, len(self.layers))
+        self.ffn_sparsity_hints = self._hints("ffn", ffn_sparsity_hint, len(self.layers))
         self.g_attn = s.attn_heads_per_group * d.head_dim
         self.g_ffn = s.ffn_group_size
         p = next(self.hf.parameters())
@@ -269,10 +280,9 @@ class WideRuntime:
         self.heads = [(self._router_head(r.attn, p.dtype), self._router_head(r.ffn, p.dtype)) for r in wm.routers]
         self.weights = [self._layer_weights(i, layer) for i, layer in enumerate(self.layers)]
         self.cache = StaticCache.empty(d.n_layers, max_batch, max_seq, d.n_kv_heads, d.head_dim, p.dtype, p.device)
-        # per layer, prefill and decode; layers whose hints pick the same O schedule share a config
-        self.step_configs = {
-            dec: [self._step_config(dec, h) for h in self.attn_sparsity_hints] for dec in (False, True)
-        }
+        # per layer, prefill and decode; layers whose hints pick the same schedules share a config
+        hints = list(zip(self.attn_sparsity_hints, self.ffn_sparsity_hints, strict=True))
+        self.step_configs = {dec: [self._step_config(dec, *h) for h in hints] for dec in (False, True)}
         self.step = layer_step
         if compile:  # one compiled layer step (per static config) serves every layer
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
@@ -300,24 +310,27 @@ class WideRuntime:
             layer.post_attention_layernorm.weight, *ffn, mlp.down_proj.weight, *heads,
         )  # fmt: skip
 
-    def _attn_hints(self, hint: float | Sequence[float] | None, n_layers: int) -> list[float]:
-        """Per-layer expected attention sparsity: the given value(s); else the per-layer argmax skip
-        rates a calibrated checkpoint records (its threshold fit); else the config's target."""
+    def _hints(self, kind: str, hint: float | Sequence[float] | None, n_layers: int) -> list[float]:
+        """Per-layer expected sparsity of the ``kind`` ('attn' / 'ffn') routers: the given value(s); else
+        the per-layer argmax skip rates a calibrated checkpoint records (its threshold fit); else the
+        config's target."""
+        name = f"{kind}_sparsity_hint"
         if hint is None:
             fit = getattr(self.wm, "training_summary", {}).get("skip_bias_fit", {}).get("argmax_skip_after", {})
-            if all(f"attn{i}" in fit for i in range(n_layers)):
-                hint = [fit[f"attn{i}"] for i in range(n_layers)]
+            if all(f"{kind}{i}" in fit for i in range(n_layers)):
+                hint = [fit[f"{kind}{i}"] for i in range(n_layers)]
             else:
                 cfg = self.wm.config
-                hint = cfg.attn_sparsity if cfg.attn_sparsity is not None else cfg.sparsity
+                own = getattr(cfg, f"{kind}_sparsity")
+                hint = own if own is not None else cfg.sparsity
         hints = [float(hint)] * n_layers if isinstance(hint, (int, float)) else [float(h) for h in hint]
         if len(hints) != n_layers:
-            raise ValueError(f"attn_sparsity_hint has {len(hints)} values for {n_layers} layers")
+            raise ValueError(f"{name} has {len(hints)} values for {n_layers} layers")
         if not all(0.0 <= h <= 1.0 for h in hints):
-            raise ValueError(f"attn_sparsity_hint must lie in [0, 1], got {hints}")
+            raise ValueError(f"{name} must lie in [0, 1], got {hints}")
         return hints
 
-    def _step_config(self, decode: bool, attn_hint: float) -> StepConfig:
+    def _step_config(self, decode: bool, attn_hint: float, ffn_hint: float) -> StepConfig:
         d, layer = self.wm.dims, self.layers[0]
         qn = getattr(layer.self_attn, "q_norm", None)
         return StepConfig(
@@ -331,7 +344,8 @@ class WideRuntime:
             eps=float(layer.input_layernorm.variance_epsilon),
             qk_eps=float(qn.variance_epsilon) if qn is not None else 0.0,
             algo=self.algo,
-            attn_sparsity_hint=K.sparsity_bucket(attn_hint),
+            attn_sparsity_hint=K.sparsity_bucket(attn_hint, self.g_attn),
+            ffn_sparsity_hint=K.sparsity_bucket(ffn_hint, self.g_ffn),
         )
 
     # ------------------------------------------------------------------ pieces
