@@ -215,16 +215,20 @@ def main() -> None:
         *harness_spread(rows),
         *decode_bandwidth(_auto(rows)),
         *attention_table(rows),
-        *e2e_table(how="compiled layer step, commit ac9af60: O by the 'ordered' GEMM-K at M ≥ 16384 / ≥ 40%"),
+        *e2e_table(
+            how="compiled layer step, commit b69a101: Q and gate/up by cuBLAS where the routers' measured "
+            "sparsity is below `mn_dense_below(G)`, O by the 'ordered' GEMM-K at M ≥ 16384 / ≥ 40%"
+        ),
+        *e2e_table("e2e-h200-ac9af60.json", "the same at commit ac9af60, Q and gate/up sorted at every level"),
         *e2e_table("e2e-h200-13ce844.json", "the same at commit 13ce844, O by cuBLAS at every M"),
         *e2e_table("e2e-eager-h200.json", "eager layer step, `--quick`, commit ddf6f57"),
-        "Commands (H200 calls): kernels at commit ac9af60, "
-        "`VARIANTS_S=0 BENCH_S=440 TEST_S=0 E2E_S=0 PROFILE_S=0 bash scripts/device_kernels.sh "
-        f"$OUT` (step `{meta['command']}`); e2e at ac9af60 `VARIANTS_S=0 BENCH_S=0 TEST_S=0 E2E_S=450 "
-        "PROFILE_S=0 E2E_ARGS=--compile bash scripts/device_kernels.sh $OUT`, at 13ce844 the same with "
-        "`E2E_S=420` (step `wide bench e2e --compile`); the whole GPU suite (routed GEMMs, routers, PDL, reorder "
-        "and row order, attention, runtime) at 08ff468: `VARIANTS_S=0 BENCH_S=0 TEST_S=430 E2E_S=0 PROFILE_S=0 "
-        "bash scripts/device_kernels.sh $OUT` (`gpu-tests-h200.log`: 638 passed); "
+        "Commands (H200 calls): kernels at commit b69a101, "
+        "`VARIANTS_S=0 BENCH_S=500 TEST_S=0 E2E_S=0 PROFILE_S=0 bash scripts/device_kernels.sh "
+        f"$OUT` (step `{meta['command']}`); e2e at b69a101 `VARIANTS_S=0 BENCH_S=0 TEST_S=0 E2E_S=480 "
+        "PROFILE_S=0 E2E_ARGS=--compile bash scripts/device_kernels.sh $OUT`, at ac9af60 and 13ce844 the same "
+        "with `E2E_S=450` / `E2E_S=420` (step `wide bench e2e --compile`); the whole GPU suite (routed GEMMs, "
+        "routers, PDL, reorder and row order, attention, runtime) at b69a101: `VARIANTS_S=0 BENCH_S=0 TEST_S=430 "
+        "E2E_S=0 PROFILE_S=0 bash scripts/device_kernels.sh $OUT` (`gpu-tests-h200.log`: 643 passed); "
         'profile at c53ef79 with `WIDE_COMPILE=1 PROFILE_S=150 PROFILE_ARGS="4096 0.7"` (`profile-e2e-h200.txt`); '
         "router kernel: `python3 scripts/decode_variants.py $OUT/bench router` at c53ef79 "
         "(`router-h200.json`); PDL: `python3 scripts/decode_variants.py $OUT/bench pdl` "

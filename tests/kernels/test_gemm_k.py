@@ -100,9 +100,8 @@ def test_choose_algo_regimes():
     assert choose_algo(4096, 512, True, n_groups=8, sparsity_hint=0.7) == "masked_dense"
     assert choose_algo(16384, 128, True, n_groups=112, sparsity_hint=0.5) == "masked_dense"
     # the runtime specialises on the bucket: it must choose as the raw hint does
-    from wide.kernels.gemm_k import sparsity_bucket
-
     from wide.kernels import gemm_path
+    from wide.kernels.gemm_k import sparsity_bucket
 
     for h in (None, 0.0, 0.05, 0.1, 0.2, 0.39, 0.4, 0.55, 0.6, 0.9):
         for m in (4096, 8192, 16384):
