@@ -126,6 +126,8 @@ def bench_op(
             for variant in _variants(kind, m, sp, extra_variants, g):
                 if variant in ("sorted", "stationary", "atomic"):
                     build, build_name = reorder, "reorder"
+                elif variant == "dense":  # the dense path reads the mask alone (a hint of 0 plans just that)
+                    build, build_name = partial(plan_route, group_size=g, sparsity_hint=0.0), "plan_route"
                 else:  # as the runtime plans it: the reorder only if the GEMM-MN will take the sorted path
                     build, build_name = partial(plan_route, group_size=g, sparsity_hint=sp), "plan_route"
                 ops = [
