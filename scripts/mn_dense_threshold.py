@@ -46,7 +46,7 @@ def main(out: str) -> None:
         recs += gemm_bench.bench_op(name, kind, n, k, g, routed, [1024, 4096, 16384], SPARSITIES[g], gen)
         print(f"[threshold] {name} G{g}: {time.time() - t0:.0f}s", flush=True)
     summary = [
-        {"group_size": g, "M": m, "sorted_wins_from": crossover(recs, g, m), "mn_dense_below": mn_dense_below(g)}
+        {"group_size": g, "M": m, "sorted_wins_from": crossover(recs, g, m), "mn_dense_below": mn_dense_below(g, m)}
         for *_, g, _ in OPS
         for m in (1024, 4096, 16384)
     ]

@@ -104,7 +104,7 @@ def test_choose_algo_regimes():
     from wide.kernels.gemm_k import sparsity_bucket
 
     for h in (None, 0.0, 0.05, 0.1, 0.2, 0.39, 0.4, 0.55, 0.6, 0.9):
-        for m in (4096, 8192, 16384):
+        for m in (300, 1024, 2048, 4096, 8192, 16384):
             assert choose_algo(m, 512, True, 8, sparsity_bucket(h)) == choose_algo(m, 512, True, 8, h)
             for g in (32, 64, 128, 512):  # and the GEMM-MN path, given the group size
                 b = sparsity_bucket(h, g)

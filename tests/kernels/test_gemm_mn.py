@@ -143,15 +143,17 @@ def test_plan_route_serves_small_and_dense_paths(kernel_device):
 
 
 def test_sparsity_hint_sends_large_m_to_dense_below_the_threshold():
-    """Past DENSE_M the hint picks the path (never the mask): below mn_dense_below(G) cuBLAS, else sorted."""
-    from wide.kernels import gemm_path, mn_dense_below
+    """Past DENSE_M the hint picks the path (never the mask): below mn_dense_below(G, M) cuBLAS, else sorted."""
+    from wide.kernels import gemm_path, mn_dense_below, mn_dense_thresholds
 
-    assert mn_dense_below(512) == mn_dense_below(128) == 0.1
-    assert mn_dense_below(64) == 0.2 and mn_dense_below(32) == mn_dense_below(16) == 0.4
+    assert [mn_dense_below(512, m) for m in (300, 4096, 16384)] == [0.55, 0.22, 0.12]  # Q: waves at small M
+    assert mn_dense_below(128, 300) == mn_dense_below(128, 65536) == 0.13
+    assert mn_dense_below(64, 1024) == mn_dense_below(32, 1024) == 0.55 and mn_dense_below(32, 4096) == 0.45
+    assert mn_dense_thresholds(512) == (0.55, 0.22, 0.12) and mn_dense_thresholds(16) == (0.55, 0.45)
     assert gemm_path(4096, "auto", 512) == "sorted"  # no hint: the sorted kernel, as before
     assert gemm_path(4096, "auto", 512, 0.0) == "dense"
-    assert gemm_path(4096, "auto", 512, 0.1) == "sorted"
-    assert gemm_path(4096, "auto", 32, 0.25) == "dense"
+    assert gemm_path(4096, "auto", 512, 0.25) == "sorted" and gemm_path(1024, "auto", 512, 0.25) == "dense"
+    assert gemm_path(4096, "auto", 32, 0.4) == "dense"
     assert gemm_path(4096, "auto", 32, 0.5) == "sorted"
     assert gemm_path(8, "auto", 32, 0.0) == "small" and gemm_path(200, "auto", 32, 0.9) == "dense"
     assert gemm_path(4096, "sorted", 32, 0.0) == "sorted"  # a forced path ignores the hint
@@ -160,17 +162,17 @@ def test_sparsity_hint_sends_large_m_to_dense_below_the_threshold():
 @pytest.mark.parametrize("hint", [0.0, 0.3, 0.6])
 def test_hinted_route_and_gemm_match_reference_past_dense_m(hint, kernel_device):
     """M 300 > DENSE_M, G 32: plan_route and the GEMMs given the same hint agree on the path (dense
-    below 0.4: no reorder index), and the output is the routed reference's either way."""
+    below 0.55: no reorder index), and the output is the routed reference's either way."""
     m, n, k, gs = 300, 64, 40, 32
     x, w, w2 = _inputs(m, n, k, torch.float32, kernel_device)
     mask = (torch.rand(m, n // gs, generator=torch.Generator().manual_seed(1)) < 0.5).to(kernel_device)
     route = plan_route(mask, gs, hint)
-    assert route.idx.shape == ((2, 0) if hint < 0.4 else (2, m))
+    assert route.idx.shape == ((2, 0) if hint < 0.55 else (2, m))
     y = routed_gemm_mn(x, w, route, gs, sparsity_hint=hint)
     assert_close_to_ref(y, routed_gemm_mn_ref(x, w, route, gs), routed_gemm_mn_ref(x, w, route, gs))
     h = routed_swiglu(x, w, w2, route, gs, sparsity_hint=hint)  # zeros where inactive, on either path
     assert_close_to_ref(h, routed_swiglu_ref(x, w, w2, route, gs), routed_swiglu_ref(x, w, w2, route, gs))
-    if hint < 0.4:  # a route planned for the dense path cannot serve a caller that expects the sorted one
+    if hint < 0.55:  # a route planned for the dense path cannot serve a caller that expects the sorted one
         with pytest.raises(ValueError, match="same sparsity_hint"):
             routed_gemm_mn(x, w, route, gs)
     with pytest.raises(ValueError, match="sparsity_hint"):

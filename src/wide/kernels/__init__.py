@@ -10,7 +10,7 @@ Every op is a `torch.library` custom op in the `wide::` namespace (torch.compile
 host syncs); on CPU tensors the torch reference runs unless TRITON_INTERPRET=1.
 """
 
-from wide.kernels._triton_utils import gemm_path, mn_dense_below
+from wide.kernels._triton_utils import gemm_path, mn_dense_below, mn_dense_thresholds
 from wide.kernels.attention import decode_num_splits, routed_attention_decode, routed_attention_prefill
 from wide.kernels.attention_reference import attention_decode_ref, attention_prefill_ref
 from wide.kernels.gemm_k import routed_gemm_k, sparsity_bucket
@@ -65,6 +65,7 @@ __all__ = [
     "margin_decisions",
     "margin_decisions_ref",
     "mn_dense_below",
+    "mn_dense_thresholds",
     "pattern_order",
     "plan_route",
     "reorder",

@@ -168,17 +168,31 @@ SMALL_M = 16  # M <= SMALL_M (decode): mask-reading kernels skip the weight tile
 SMALL_M_K = 4
 DENSE_M = 256  # SMALL_M < M <= DENSE_M: every group has an active token, so cuBLAS + masked epilogue
 PATHS = ("auto", "small", "dense", "sorted")
-# M > DENSE_M: the sorted GEMM-MN kernel runs at ~0.9x of cuBLAS per useful FLOP for groups of >= 128
-# columns and ~0.6x for 32-column groups (kernels-h200.json, 0% sparsity: q 0.87-0.92x, gate/up G 128
-# 0.86-0.92x, G 32 0.58-0.61x), so it wins only once the skipped fraction exceeds 1 - that efficiency.
-# Below it, a caller that knows its routers' sparsity gets cuBLAS + the masked epilogue ('dense').
-# group size -> expected sparsity below which 'dense' serves M > DENSE_M (64: between the two measured).
-MN_DENSE_BELOW = ((128, 0.1), (64, 0.2), (0, 0.4))
+# M > DENSE_M: the sorted GEMM-MN kernel wins over cuBLAS + the masked epilogue ('dense') only once enough
+# is skipped. Forced on the H200 (bench/results/mn-dense-threshold-h200.json, scripts/mn_dense_threshold.py;
+# Llama-3.1-8B shapes): at 0% it runs at 0.89-0.93x of cuBLAS per useful FLOP for groups of >= 128 columns
+# and ~0.6x for 32- and 64-column groups (narrow tiles); Q (G 512, 8 groups) at M <= 2048 also loses whole
+# waves (0.96x at 50%) and at M 4096 gains only once its tiles drop a wave. Per group size, (M below which,
+# threshold) bands: the expected sparsity below which 'dense' serves M > DENSE_M.
+MN_DENSE_BELOW = (
+    (256, ((2048, 0.55), (8192, 0.22), (None, 0.12))),
+    (128, ((None, 0.13),)),
+    (0, ((2048, 0.55), (None, 0.45))),
+)
 
 
-def mn_dense_below(group_size: int) -> float:
+def _mn_bands(group_size: int) -> tuple:
+    return next(bands for g_min, bands in MN_DENSE_BELOW if group_size >= g_min)
+
+
+def mn_dense_below(group_size: int, m: int) -> float:
     """The expected sparsity below which a routed GEMM-MN of this group size runs dense at M > DENSE_M."""
-    return next(s for g_min, s in MN_DENSE_BELOW if group_size >= g_min)
+    return next(s for m_max, s in _mn_bands(group_size) if m_max is None or m < m_max)
+
+
+def mn_dense_thresholds(group_size: int) -> tuple[float, ...]:
+    """Every ``mn_dense_below`` value of this group size (any M): what a hint bucket must preserve."""
+    return tuple(s for _, s in _mn_bands(group_size))
 
 
 def check_sparsity_hint(hint: float | None) -> None:
@@ -191,7 +205,7 @@ def gemm_path(m: int, path: str = "auto", group_size: int | None = None, sparsit
     """The routed GEMM-MN path for M tokens: 'small' | 'dense' | 'sorted' (``path`` forces one).
 
     'auto': 'small' at M <= SMALL_M, 'dense' up to DENSE_M, beyond it 'sorted' unless the caller's
-    ``sparsity_hint`` (the fraction of groups it expects skipped) is below ``mn_dense_below(group_size)``.
+    ``sparsity_hint`` (the fraction of groups it expects skipped) is below ``mn_dense_below(group_size, M)``.
     Never reads the mask (no host sync)."""
     if path not in PATHS:
         raise ValueError(f"unknown path {path!r}; choose from {PATHS}")
@@ -201,6 +215,6 @@ def gemm_path(m: int, path: str = "auto", group_size: int | None = None, sparsit
         return "small"
     if m <= DENSE_M:
         return "dense"
-    if sparsity_hint is not None and group_size is not None and sparsity_hint < mn_dense_below(group_size):
+    if sparsity_hint is not None and group_size is not None and sparsity_hint < mn_dense_below(group_size, m):
         return "dense"
     return "sorted"

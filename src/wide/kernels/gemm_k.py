@@ -40,7 +40,7 @@ from ._triton_utils import (
     check_sparsity_hint,
     largest_pow2_divisor,
     m_bucket,
-    mn_dense_below,
+    mn_dense_thresholds,
     next_pow2,
     tma_supported,
     use_triton,
@@ -347,11 +347,11 @@ if HAS_TRITON:
 def sparsity_bucket(hint: float | None, group_size: int | None = None) -> float:
     """``hint`` reduced to what the schedule choices read of it: the largest threshold it reaches among
     ORDERED_WHEN's sparsities (``choose_algo``) and, given the group size, the GEMM-MN dense/sorted
-    threshold (``mn_dense_below``), else 0. Callers that specialise code on the hint, like the runtime's
+    thresholds (``mn_dense_below`` at any M), else 0. Callers that specialise code on the hint, like the runtime's
     compiled layer step, then share one variant across layers that choose alike."""
     if hint is None:
         return 0.0
-    thresholds = [s for _, s in ORDERED_WHEN] + ([mn_dense_below(group_size)] if group_size is not None else [])
+    thresholds = [s for _, s in ORDERED_WHEN] + (list(mn_dense_thresholds(group_size)) if group_size else [])
     return max((s for s in thresholds if hint >= s), default=0.0)
 
 

@@ -16,8 +16,8 @@ memory, or the dense value on the 'dense' path): use it only when a consumer ign
 This sorted kernel serves M > DENSE_M. ``path='auto'`` sends decode-sized M (<= SMALL_M) to
 ``small_m`` (reads the mask, no reorder needed) and SMALL_M < M <= DENSE_M to ``dense_mid`` (cuBLAS:
 routing cannot skip weight reads there); beyond DENSE_M it sends a caller whose ``sparsity_hint`` is
-below ``mn_dense_below(group_size)`` to ``dense_mid`` as well (the sorted kernel's ~0.9x / ~0.6x of
-cuBLAS per useful FLOP at groups of >= 128 / 32 columns would lose to cuBLAS at that sparsity).
+below ``mn_dense_below(group_size, M)`` to ``dense_mid`` as well (the sorted kernel, at ~0.9x / ~0.6x of
+cuBLAS per useful FLOP for groups of >= 128 / <= 64 columns, would lose to cuBLAS at that sparsity).
 """
 
 from __future__ import annotations
