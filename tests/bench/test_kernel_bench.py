@@ -22,6 +22,7 @@ def test_bench_op_records_every_regime_and_variant(monkeypatch):
     monkeypatch.setattr(gb, "time_graph", fake_time)
     monkeypatch.setattr(gb, "time_variants", lambda lists: [fake_time(fns) for fns in lists])
     monkeypatch.setattr(gb, "copies_for", lambda nbytes: 2)  # rotation is exercised, interpreter time kept low
+    monkeypatch.setattr(gb, "DECODE_MASK_DRAWS", 3)  # decode cycles more mask draws than input copies
     gen = torch.Generator().manual_seed(0)
     rows = []
     for name, kind, n, k, g, with_route in (
@@ -34,6 +35,8 @@ def test_bench_op_records_every_regime_and_variant(monkeypatch):
         )
     assert all(isinstance(c, torch.Tensor) for c in calls)
     assert all(r["copies"] == 2 for r in rows)  # (Q leaves inactive heads uninitialised)
+    draws = {r["M"]: r["mask_draws"] for r in rows}
+    assert draws == {1: 3, 20: 2, 300: 2}
     variants = {(r["kind"], r["M"], r["variant"]) for r in rows}
     assert ("gemm_mn", 1, "dense") in variants and ("gemm_mn", 20, "sorted") in variants
     assert ("gemm_k", 1, "small") in variants and ("gemm_k", 300, "masked_dense") in variants

@@ -17,7 +17,8 @@ variant 'sorted', and every record names its ``path``). Q leaves inactive heads 
 (``x_zeroed``, as routed attention / SwiGLU write it) and the level the masks were drawn at as their
 ``sparsity_hint`` (which picks the 'ordered' GEMM-K for O at large M; its row order is computed
 inside the timed call). Extra variants (full sweep, 50%) show the
-forced paths and GEMM-K on an input that is not pre-zeroed.
+forced paths and GEMM-K on an input that is not pre-zeroed. At decode-sized M the calls cycle over
+DECODE_MASK_DRAWS masks (a single M-token mask of a few groups strays far from its level).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from wide.bench.timing import copies_for
 from wide.bench.timing import time_calls as time_graph  # module names: the CPU test replaces them
 from wide.bench.timing import time_together as time_variants
 from wide.kernels import clear_autotune_cache
-from wide.kernels._triton_utils import DENSE_M, gemm_path
+from wide.kernels._triton_utils import DENSE_M, SMALL_M, gemm_path
 from wide.kernels.gemm_k import ORDERED_MAX_GROUPS, routed_gemm_k
 from wide.kernels.gemm_mn import routed_gemm_mn, routed_swiglu
 from wide.kernels.reference import (
@@ -53,6 +54,9 @@ OPS = [
     ("down", "gemm_k", 4096, 14336, 128, False),
     ("down", "gemm_k", 4096, 14336, 32, False),
 ]
+
+
+DECODE_MASK_DRAWS = 64  # masks cycled at M <= SMALL_M (O at M 1: 512 group decisions, sd of the mean ~0.02)
 
 
 def _mask(m: int, ng: int, sparsity: float, gen: torch.Generator | None, device: str = "cuda") -> torch.Tensor:
@@ -117,11 +121,15 @@ def bench_op(
         nc = copies_for(w_bytes + m * k * dt.itemsize)
         xs = [torch.randn(m, k, device=device, dtype=dt) for _ in range(nc)]
         dense_fns = [_dense_call(kind, x, w, w2) for x, w, w2 in zip(xs, ws, w2s, strict=False)]
+        # decode-sized M: a mask has only M·N_G entries (8 at M 1 for O), so the calls cycle over more
+        # draws than input copies, and their mean active fraction is the level's rather than one draw's
+        draws = max(nc, DECODE_MASK_DRAWS) if m <= SMALL_M else nc
+        xs_c, ws_c, w2s_c = ([t[i % nc] for i in range(draws)] for t in (xs, ws, w2s))
         for sp in sparsities:
             clear_autotune_cache()  # tune this sparsity level on its own masks
-            masks = [_mask(m, ng, sp, gen, device) for _ in range(nc)]
+            masks = [_mask(m, ng, sp, gen, device) for _ in range(draws)]
             # O / down get the producer's zeros in the inactive groups
-            xzs = [x * mk.repeat_interleave(g, dim=1).to(dt) if kind == "gemm_k" else x for x, mk in zip(xs, masks)]
+            xzs = [x * mk.repeat_interleave(g, dim=1).to(dt) if kind == "gemm_k" else x for x, mk in zip(xs_c, masks)]
             active = torch.stack(masks).float().mean().item()
             for variant in _variants(kind, m, sp, extra_variants, g):
                 if variant in ("sorted", "stationary", "atomic"):
@@ -130,9 +138,7 @@ def bench_op(
                     build, build_name = partial(plan_route, group_size=g, sparsity_hint=0.0), "plan_route"
                 else:  # as the runtime plans it: the reorder only if the GEMM-MN will take the sorted path
                     build, build_name = partial(plan_route, group_size=g, sparsity_hint=sp), "plan_route"
-                ops = [
-                    _op_call(kind, variant, x, w, w2, g, xz, sp) for x, w, w2, xz in zip(xs, ws, w2s, xzs, strict=False)
-                ]
+                ops = [_op_call(kind, variant, x, w, w2, g, xz, sp) for x, w, w2, xz in zip(xs_c, ws_c, w2s_c, xzs)]
                 routes = [build(mk) for mk in masks]
                 timed = [dense_fns, [partial(op, r) for op, r in zip(ops, routes)]]
                 if with_route:
@@ -154,6 +160,7 @@ def bench_op(
                         route_build=build_name,
                         path=gemm_path(m, variant, g, sp) if kind != "gemm_k" else None,
                         copies=nc,
+                        mask_draws=draws,
                         dense_ms=dense_ms,
                         wide_ms=wide_ms,
                         wide_op_ms=op_ms,
