@@ -119,7 +119,7 @@ def targets(rows: list[dict]) -> list[str]:
     mid = [r["speedup"] for r in auto if 16 <= r["M"] <= 256]
     add("M ∈ [16, 256] ≥ 0.95× (every op, G, sparsity)", mid, min(mid) >= 0.95)
     own = [r["speedup"] for r in auto if 16 <= r["M"] <= 256 and not _same_call(r)]
-    if min(own) > min(mid):
+    if min(mid) < 0.95 <= min(own):  # the target misses only on records whose gap is the harness's
         lines.append(
             f"| (without the records that run their baseline's own cuBLAS call, where a gap is the harness's: "
             f"{min(own):.2f}–{max(own):.2f}×) | | |"
@@ -234,7 +234,7 @@ def main() -> None:
         *e2e_table("e2e-h200-ac9af60.json", "the same at commit ac9af60, Q and gate/up sorted at every level"),
         *e2e_table("e2e-h200-13ce844.json", "the same at commit 13ce844, O by cuBLAS at every M"),
         *e2e_table("e2e-eager-h200.json", "eager layer step, `--quick`, commit ddf6f57"),
-        "Commands (H200 calls): kernels at commit 3e6f0a3, "
+        "Commands (H200 calls): kernels at commit 55338bb, "
         "`VARIANTS_S=0 BENCH_S=500 TEST_S=0 E2E_S=0 PROFILE_S=0 bash scripts/device_kernels.sh "
         f"$OUT` (step `{meta['command']}`); the dense/sorted GEMM-MN thresholds: `python3 "
         "scripts/mn_dense_threshold.py $OUT` at a53b7c9 (`mn-dense-threshold-h200.json`); e2e at b69a101 "
