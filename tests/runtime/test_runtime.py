@@ -155,6 +155,8 @@ def test_attention_sparsity_hint_defaults_to_the_target_and_is_checked():
     wm.training_summary = {"skip_bias_fit": {"argmax_skip_after": {"attn0": 0.65, "ffn0": 0.1, "attn1": 0.1}}}
     assert WideRuntime(wm, max_batch=1, max_seq=8).attn_sparsity_hints == [0.65, 0.1]
     assert WideRuntime(wm, max_batch=1, max_seq=8).ffn_sparsity_hints == [0.5, 0.5]  # ffn1 missing: the target
+    wm.training_summary["skip_bias_fit"]["argmax_skip_after"]["ffn1"] = 0.3
+    assert WideRuntime(wm, max_batch=1, max_seq=8).ffn_sparsity_hints == [0.1, 0.3]
 
 
 def test_hints_pick_the_dense_path_at_low_sparsity_and_keep_the_output():
