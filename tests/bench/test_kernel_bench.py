@@ -44,5 +44,23 @@ def test_bench_op_records_every_regime_and_variant(monkeypatch):
     assert {r["M"] for r in auto} == {1, 20, 300} and all(r["speedup"] == 1.0 for r in auto)
     # decode and mid-size routes skip the reorder; large M builds it
     assert {r["route_build"] for r in auto if r["M"] <= 256} == {"plan_route"}
+    forced = gb.bench_op(  # scripts/mn_dense_threshold.py: both paths forced at every point
+        "q",
+        "gemm_mn",
+        64,
+        48,
+        32,
+        True,
+        [300],
+        [0.3],
+        gen,
+        device="cpu",
+        dtype=torch.float32,
+        variants=["dense", "sorted"],
+    )
+    assert [(r["variant"], r["path"], r["route_build"]) for r in forced] == [
+        ("dense", "dense", "plan_route"),
+        ("sorted", "sorted", "reorder"),
+    ]
     md = _md(rows, dict(gpu="cpu", versions={}, quick=False, wall_s=0.0, command="test"))
     assert "| q | 32 | 300 |" in md and "Forced paths at 50%" in md

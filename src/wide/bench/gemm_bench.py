@@ -104,10 +104,23 @@ def _dense_call(kind: str, x, w, w2) -> Callable:
 
 
 def bench_op(
-    name, kind, n, k, g, with_route, ms_list, sparsities, gen, extra_variants=False, device="cuda", dtype=torch.bfloat16
+    name,
+    kind,
+    n,
+    k,
+    g,
+    with_route,
+    ms_list,
+    sparsities,
+    gen,
+    extra_variants=False,
+    device="cuda",
+    dtype=torch.bfloat16,
+    variants: list[str] | None = None,
 ) -> list[dict]:
     """Dense vs WIDE for one operator over M and sparsity (dense re-timed with every variant, replays
-    interleaved). ``device``/``dtype`` exist for CPU smoke tests of this code (timing replaced)."""
+    interleaved). ``variants`` replaces the usual list ('auto' + extras) with paths forced at every
+    point; ``device``/``dtype`` exist for CPU smoke tests of this code (timing replaced)."""
     rows = []
     dt = dtype
     swiglu = kind == "gemm_mn_swiglu"
@@ -131,7 +144,7 @@ def bench_op(
             # O / down get the producer's zeros in the inactive groups
             xzs = [x * mk.repeat_interleave(g, dim=1).to(dt) if kind == "gemm_k" else x for x, mk in zip(xs_c, masks)]
             active = torch.stack(masks).float().mean().item()
-            for variant in _variants(kind, m, sp, extra_variants, g):
+            for variant in variants or _variants(kind, m, sp, extra_variants, g):
                 if variant in ("sorted", "stationary", "atomic"):
                     build, build_name = reorder, "reorder"
                 elif variant == "dense":  # the dense path reads the mask alone (a hint of 0 plans just that)
