@@ -169,10 +169,11 @@ SMALL_M_K = 4
 DENSE_M = 256  # SMALL_M < M <= DENSE_M: every group has an active token, so cuBLAS + masked epilogue
 PATHS = ("auto", "small", "dense", "sorted")
 # M > DENSE_M: the sorted GEMM-MN kernel wins over cuBLAS + the masked epilogue ('dense') only once enough
-# is skipped. Forced on the H200 (bench/results/mn-dense-threshold-h200.json, scripts/mn_dense_threshold.py;
-# Llama-3.1-8B shapes): at 0% it runs at 0.87-0.93x of cuBLAS per useful FLOP for groups of >= 128 columns
-# and ~0.6x for 32- and 64-column groups (narrow tiles); Q (G 512, 8 groups) at M <= 2048 also loses whole
-# waves (0.93x at 50%) and at M 4096 gains only once its tiles drop a wave of the H200's 132 SMs. Per group
+# is skipped. Forced on the H200 (both paths over low sparsities: bench/results/mn-dense-threshold-h200.json,
+# scripts/mn_dense_threshold.py; at 0% and 50%: the 'sorted' records of kernels-h200.json; Llama-3.1-8B
+# shapes): at 0% it runs at 0.86-0.93x of cuBLAS per useful FLOP for groups of >= 128 columns and ~0.6x for
+# 32- and 64-column groups (narrow tiles); Q (G 512, 8 groups) at M <= 2048 also loses whole waves
+# (0.91-0.93x at 50%) and at M 4096 gains only once its tiles drop a wave of the H200's 132 SMs. Per group
 # size, (M below which, threshold) bands: the expected sparsity below which 'dense' serves M > DENSE_M.
 MN_DENSE_BELOW = (
     (256, ((2048, 0.55), (8192, 0.22), (None, 0.12))),
