@@ -140,6 +140,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
         out=a.out,
         dense=not a.no_dense,
         check_wikitext=not a.no_lm_eval_check,
+        runtime=a.runtime,
     )
     if not a.out:
         print(json.dumps(res, indent=1, default=str))
@@ -385,6 +386,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--device")
     e.add_argument("--out", help="JSON file (a markdown table is written next to it; rewritten after every row)")
     e.add_argument("--no-dense", action="store_true", help="only the router checkpoints (no dense base-model row)")
+    e.add_argument(
+        "--runtime",
+        action="store_true",
+        help="score through the served runtime (routed kernels, static cache) instead of the masked HF path",
+    )
     e.add_argument(
         "--no-lm-eval-check",
         action="store_true",

@@ -7,7 +7,6 @@ from typing import Literal
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from wide.config import WideConfig
 
@@ -18,9 +17,12 @@ EXECUTE, SKIP = 0, 1
 class Router(nn.Module):
     """Bottleneck router D -> r -> 2·N_G; class 0 = execute, class 1 = skip.
 
-    Parameters stay fp32 whatever the model's dtype; the router runs outside autocast.
-    `skip_bias` is a per-router offset added to the skip logit, fitted after training so that the
-    argmax skip rate matches the rate the model was trained under (see `fit_skip_bias`).
+    Parameters stay fp32 whatever the model's dtype. Only the difference of the two classes' logits
+    matters (argmax and the two-class Gumbel-Softmax both read it), so every path computes the skip
+    margin ``logit(skip) - logit(execute) + skip_bias`` through one op, ``wide.kernels.router_margin``:
+    the rule is in docs/routing.md#the-decision-rule. `skip_bias` is a per-router offset fitted after
+    training so that the argmax skip rate matches the rate the model was trained under
+    (`wide.train.threshold_fit`).
     """
 
     def __init__(self, d_in: int, n_groups: int, rank: int, init_skip: float = 0.5):
@@ -37,17 +39,28 @@ class Router(nn.Module):
             self.up.bias.view(n_groups, 2)[:, SKIP] = math.log(p / (1 - p))
         self.register_buffer("skip_bias", torch.zeros((), dtype=torch.float32))
 
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [..., D] -> logits [..., N_G, 2] in fp32."""
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            r = self.up(self.down(x.float()))
-        r = r.unflatten(-1, (self.n_groups, 2))
-        return r + torch.stack([torch.zeros_like(self.skip_bias), self.skip_bias])
+    def head(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The margin head (differentiable): W_margin [N_G, r] and b_margin [N_G], fp32, with
+        margin = W_margin · r + b_margin for the projection r = W_down · x."""
+        w = self.up.weight.view(self.n_groups, 2, -1)  # [N_G, 2, r]
+        b = self.up.bias.view(self.n_groups, 2)  # [N_G, 2]
+        return w[:, SKIP] - w[:, EXECUTE], b[:, SKIP] - b[:, EXECUTE] + self.skip_bias
+
+    @torch.no_grad()
+    def fold(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The router for inference: (W_down [r, D] rounded to ``dtype``, W_margin, b_margin fp32),
+        the arguments of ``wide.kernels.router_decisions``. A snapshot: fold after threshold fits."""
+        w_margin, b_margin = self.head()
+        return self.down.weight.to(dtype).contiguous(), w_margin.contiguous(), b_margin.contiguous()
 
     def skip_margin(self, x: torch.Tensor) -> torch.Tensor:
-        """logit(skip) - logit(execute): [..., N_G]; > 0 means skip under argmax."""
-        r = self.logits(x)
-        return r[..., SKIP] - r[..., EXECUTE]
+        """x: [..., D] -> skip margin [..., N_G] fp32; > 0 means skip under argmax. x is read in the
+        compute dtype (the autocast dtype inside autocast, else x's own)."""
+        from wide.kernels.router import compute_dtype, router_margin
+
+        dt = compute_dtype(x)  # read before autocast is switched off below
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            return router_margin(x.to(dt), self.down.weight, *self.head())
 
     def forward(self, x: torch.Tensor, mode: RoutingMode, tau: float = 1.0) -> torch.Tensor:
         """Execute mask [..., N_G]: {0, 1} floats with a straight-through gradient in gumbel mode,
@@ -55,20 +68,22 @@ class Router(nn.Module):
         if mode == "argmax":
             return self.skip_margin(x) <= 0
         if mode == "gumbel":
-            return hard_gumbel_execute(self.logits(x), tau)
+            return hard_gumbel_execute(self.skip_margin(x), tau)
         raise ValueError(f"router mode must be 'gumbel' or 'argmax', got {mode!r}")
 
 
-def hard_gumbel_execute(logits: torch.Tensor, tau: float | torch.Tensor) -> torch.Tensor:
-    """Hard Gumbel-Softmax over the last axis (2 classes) with straight-through gradient.
+def hard_gumbel_execute(margin: torch.Tensor, tau: float | torch.Tensor) -> torch.Tensor:
+    """Hard two-class Gumbel-Softmax on skip margins, with a straight-through gradient.
 
-    logits: [..., N_G, 2] -> execute mask [..., N_G] in {0., 1.} (forward), d/dlogits of the soft
-    sample (backward)."""
-    g = -torch.empty_like(logits).exponential_().log()
-    soft = ((logits + g) / tau).softmax(-1)
-    hard = F.one_hot(soft.argmax(-1), 2).to(soft.dtype)
-    y = hard - soft.detach() + soft
-    return y[..., EXECUTE]
+    margin: [..., N_G] (logit(skip) - logit(execute)) -> execute mask [..., N_G] in {0., 1.} (forward),
+    d/dmargin of the soft sample (backward). With Gumbel noise g per class, the two-class softmax is
+    sigmoid((margin + g_skip - g_execute) / tau) and its argmax skips where that argument is > 0."""
+    g = -torch.empty(*margin.shape, 2, dtype=margin.dtype, device=margin.device).exponential_().log()
+    z = margin + g[..., SKIP] - g[..., EXECUTE]
+    soft_skip = torch.sigmoid(z / tau)
+    hard_skip = (z > 0).to(soft_skip.dtype)
+    skip = hard_skip - soft_skip.detach() + soft_skip
+    return 1.0 - skip
 
 
 def masked_mean(x: torch.Tensor, token_mask: torch.Tensor | None) -> torch.Tensor:

@@ -18,7 +18,7 @@ from wide.routing import Router, fit_skip_bias, hard_gumbel_execute, sparsity_lo
 def test_router_shapes_and_modes():
     r = Router(d_in=32, n_groups=6, rank=8)
     x = torch.randn(2, 5, 32)
-    assert r.logits(x).shape == (2, 5, 6, 2)
+    assert r.skip_margin(x).shape == (2, 5, 6)
     m = r(x, "argmax")
     assert m.shape == (2, 5, 6) and m.dtype == torch.bool
     g = r(x, "gumbel", tau=1.0)
@@ -28,27 +28,49 @@ def test_router_shapes_and_modes():
 
 def test_router_initial_skip_rate_follows_init():
     r = Router(d_in=16, n_groups=4, rank=4, init_skip=0.25)
-    p = r.logits(torch.zeros(1, 16)).softmax(-1)[..., 1]
+    p = torch.sigmoid(r.skip_margin(torch.zeros(1, 16)))  # the two-class softmax's P(skip)
     assert torch.allclose(p, torch.full_like(p, 0.25), atol=1e-5)
 
 
 def test_router_stays_fp32_under_bf16_input():
     r = Router(d_in=16, n_groups=4, rank=4)
-    assert r.logits(torch.randn(3, 16, dtype=torch.bfloat16)).dtype == torch.float32
+    assert r.skip_margin(torch.randn(3, 16, dtype=torch.bfloat16)).dtype == torch.float32
+
+
+def test_margin_is_the_difference_of_the_two_logits():
+    torch.manual_seed(0)
+    r = Router(d_in=16, n_groups=4, rank=4)
+    torch.nn.init.normal_(r.up.weight)
+    r.skip_bias.fill_(0.25)
+    x = torch.randn(7, 16)
+    logits = r.up(r.down(x)).view(7, 4, 2)  # [.., execute, skip]
+    torch.testing.assert_close(r.skip_margin(x), logits[..., 1] - logits[..., 0] + 0.25, rtol=1e-5, atol=1e-6)
+    w_down, w_margin, b_margin = r.fold(torch.bfloat16)
+    assert w_down.dtype == torch.bfloat16 and w_margin.dtype == b_margin.dtype == torch.float32
+
+
+def test_autocast_reads_the_router_input_in_the_autocast_dtype():
+    """An fp32 model under bf16 autocast routes as a bf16 model would (the served dtype)."""
+    torch.manual_seed(0)
+    r = Router(d_in=64, n_groups=4, rank=8)
+    x = torch.randn(5, 64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        under = r.skip_margin(x)
+    assert torch.equal(under, r.skip_margin(x.bfloat16()))
 
 
 def test_hard_gumbel_straight_through():
-    logits = torch.randn(4, 3, 2, requires_grad=True)
-    y = hard_gumbel_execute(logits, tau=0.7)
+    margin = torch.randn(4, 3, requires_grad=True)
+    y = hard_gumbel_execute(margin, tau=0.7)
     assert set(y.unique().tolist()) <= {0.0, 1.0}
     y.sum().backward()
-    assert logits.grad is not None and logits.grad.abs().sum() > 0
+    assert margin.grad is not None and margin.grad.abs().sum() > 0
 
 
 def test_gumbel_rate_matches_softmax_probability():
     torch.manual_seed(0)
-    logits = torch.tensor([[0.0, math.log(0.3 / 0.7)]]).expand(200_000, 2)
-    y = hard_gumbel_execute(logits, tau=5.0)
+    margin = torch.full((200_000,), math.log(0.3 / 0.7))
+    y = hard_gumbel_execute(margin, tau=5.0)
     assert abs((1 - y.mean()).item() - 0.3) < 0.01
 
 

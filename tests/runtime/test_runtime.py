@@ -50,7 +50,7 @@ def test_greedy_decode_matches_masked_path(family):
 
 
 def test_folded_router_heads_decide_like_the_routers():
-    """The runtime folds each router's head (skip - execute logits, skip_bias) once; decisions are equal."""
+    """The runtime folds each router once (Router.fold); its decisions are the routers' own, bit for bit."""
     model, wm = _routed("llama")
     for r in wm.routers:
         r.attn.skip_bias.fill_(0.3)
@@ -60,6 +60,8 @@ def test_folded_router_heads_decide_like_the_routers():
     for i, r in enumerate(wm.routers):
         for j, router in enumerate((r.attn, r.ffn)):
             assert torch.equal(router_decisions(h, *rt.heads[i][j]), router.skip_margin(h) <= 0)
+            hb = h.bfloat16()
+            assert torch.equal(router_decisions(hb, *router.fold(torch.bfloat16)), router.skip_margin(hb) <= 0)
 
 
 def test_fuse_linears_shares_storage_and_keeps_the_modules():
@@ -68,15 +70,12 @@ def test_fuse_linears_shares_storage_and_keeps_the_modules():
     a, b = torch.nn.Linear(6, 4, bias=True), torch.nn.Linear(6, 3, bias=False)
     x = torch.randn(5, 6)
     ya, yb = a(x), b(x)
-    extra = torch.randn(2, 6)
-    w, bias = fuse_linears([a, b], extra_rows=extra)
-    assert w.shape == (9, 6) and bias.shape == (9,)
-    assert torch.equal(bias[4:], torch.zeros(5))  # b has no bias, extra rows get 0
+    w, bias = fuse_linears([a, b])
+    assert w.shape == (7, 6) and bias.shape == (7,)
+    assert torch.equal(bias[4:], torch.zeros(3))  # b has no bias
     assert a.weight.data_ptr() == w.data_ptr() and b.weight.data_ptr() == w[4:].data_ptr()
     torch.testing.assert_close(a(x), ya)
     torch.testing.assert_close(b(x), yb)
-    y = torch.nn.functional.linear(x, w, bias)
-    torch.testing.assert_close(y[:, 7:], x @ extra.t())
     assert fuse_linears([b])[1] is None
 
 
@@ -128,9 +127,72 @@ def test_runtime_rejects_non_gqa_routers_and_oversized_prompts():
         WideRuntime(wm, max_batch=1, max_seq=8)
     wm.detach()
     _, wm = _routed("llama")
-    rt = WideRuntime(wm, max_batch=1, max_seq=4)
-    with pytest.raises(ValueError, match="exceeds the cache"):
-        rt.prefill(torch.zeros(1, 5, dtype=torch.long))
+    rt = WideRuntime(wm, max_batch=2, max_seq=4)
+    for bad in (torch.zeros(1, 5, dtype=torch.long), torch.zeros(3, 2, dtype=torch.long)):
+        for call in (rt.prefill, rt.score):
+            with pytest.raises(ValueError, match="outside the cache"):
+                call(bad)
+    with pytest.raises(ValueError, match=r"token ids \[B, T\]"):
+        rt.prefill(torch.zeros(5, dtype=torch.long))
+    with pytest.raises(ValueError, match="decode takes ids"):
+        rt.decode(torch.zeros(3, 1, dtype=torch.long))
+    with pytest.raises(ValueError, match="exceed the runtime's max_seq"):
+        generate(rt, torch.zeros(1, 3, dtype=torch.long), 3)
+    with pytest.raises(ValueError, match="max_batch and max_seq"):
+        WideRuntime(wm, max_batch=0, max_seq=4)
+
+
+def test_runtime_names_unsupported_families():
+    import transformers as tf
+
+    from wide.model.wide_model import UnsupportedModelError
+
+    cfg = tf.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50)
+    with pytest.raises(UnsupportedModelError, match="WIDE routes llama, mistral, qwen2, qwen3"):
+        WideModel(tf.GPT2LMHeadModel(cfg), WideConfig())
+
+
+# --------------------------------------------------------------------------- served = evaluated (CPU)
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_scores_and_decisions_equal_the_masked_path_in_low_precision(family, dtype):
+    """In bf16 / fp16 the runtime makes the masked path's decisions (0 differing, every layer and kind)
+    and its logits at every position are the masked path's, bit for bit: one decision rule, and on the CPU
+    the same torch arithmetic for the backbone (docs/routing.md#the-decision-rule)."""
+    model, wm = _routed(family, seed=2)
+    model.to(dtype)
+    ids = torch.randint(0, 101, (3, 41))
+    with torch.no_grad():
+        ref = wm(ids).logits
+    ref_masks = [{k: m[k].clone() for k in ("attn", "ffn")} for m in wm.last_masks]
+    rt = WideRuntime(wm, max_batch=3, max_seq=48)
+    seen: list = []
+    step = rt.step
+    rt.step = lambda *a: (lambda out: (seen.append(out[1:]), out)[1])(step(*a))
+    out = rt.score(ids)
+    assert out.dtype == dtype and out.shape == ref.shape
+    n_dec = 0
+    for i, (a, f) in enumerate(seen):
+        assert torch.equal(a, ref_masks[i]["attn"]) and torch.equal(f, ref_masks[i]["ffn"]), f"layer {i}"
+        n_dec += a.numel() + f.numel()
+    assert n_dec > 0 and 0 < sum(float(a.float().mean()) for a, _ in seen) / len(seen) < 1  # mixed decisions
+    assert torch.equal(out, ref)
+
+
+def test_runtime_meters_its_own_decisions():
+    model, wm = _routed("llama", seed=3)
+    ids = torch.randint(0, 101, (2, 9))
+    wm.start_meter()
+    with torch.no_grad():
+        wm(ids)
+    want = wm.stop_meter()
+    rt = WideRuntime(wm, max_batch=2, max_seq=16)
+    wm.start_meter()
+    rt.score(ids)
+    got = wm.stop_meter()
+    assert got["tokens"] == want["tokens"] == 18
+    for k in ("attn_sparsity", "ffn_sparsity", "flop_saving"):
+        assert got[k] == pytest.approx(want[k], abs=1e-12)
 
 
 def test_attention_sparsity_hint_defaults_to_the_target_and_is_checked():

@@ -132,16 +132,21 @@ class WideLM(HFLM):
         with self._record_lengths():
             return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)
 
+    def _set_token_mask(self, inps: torch.Tensor) -> None:
+        """The [B, T] real-token mask of the batch about to run, for the sparsity meter."""
+        if self.wide is None:
+            return
+        b, t = inps.shape
+        lengths = self._lengths
+        if lengths is not None and len(lengths) == b:
+            mask = torch.arange(t, device=inps.device)[None, :] < torch.tensor(lengths, device=inps.device)[:, None]
+        else:  # unknown lengths (batch-size probing): count nothing
+            mask = torch.zeros(b, t, dtype=torch.bool, device=inps.device)
+        self.wide.meter.set_token_mask(mask)  # [B, T]
+        self._lengths = None
+
     def _model_call(self, inps: torch.Tensor, attn_mask=None, labels=None) -> torch.Tensor:
-        if self.wide is not None:
-            b, t = inps.shape
-            lengths = self._lengths
-            if lengths is not None and len(lengths) == b:
-                mask = torch.arange(t, device=inps.device)[None, :] < torch.tensor(lengths, device=inps.device)[:, None]
-            else:  # unknown lengths (batch-size probing): count nothing
-                mask = torch.zeros(b, t, dtype=torch.bool, device=inps.device)
-            self.wide.meter.set_token_mask(mask)  # [B, T]
-            self._lengths = None
+        self._set_token_mask(inps)
         return super()._model_call(inps, attn_mask=attn_mask, labels=labels)
 
     def sparsity(self) -> dict | None:
@@ -163,3 +168,33 @@ class WideLM(HFLM):
 
 def _as_bool(x) -> bool:
     return x if isinstance(x, bool) else str(x).lower() not in ("0", "false", "no")
+
+
+class RuntimeLM(WideLM):
+    """WideLM whose forwards run through a ``wide.runtime.WideRuntime`` (the served kernels) instead of
+    the masked Hugging Face path. Built by ``wide.eval.runner.run_eval(runtime=True)``; the runtime must
+    have been built over ``model`` with max_batch >= batch_size and max_seq >= max_length. The meter
+    counts the runtime's own decisions."""
+
+    def __init__(self, *args, runtime, **kwargs) -> None:
+        self.runtime = runtime
+        super().__init__(*args, **kwargs)
+
+    def _model_call(self, inps: torch.Tensor, attn_mask=None, labels=None) -> torch.Tensor:
+        self._set_token_mask(inps)
+        return self.runtime.score(inps)
+
+
+class RuntimeScorer:
+    """``model(ids).logits`` over a WideRuntime, for `wide.eval.perplexity` (right-padded batches)."""
+
+    def __init__(self, runtime) -> None:
+        self.runtime = runtime
+
+    def parameters(self):
+        return self.runtime.hf.parameters()
+
+    def __call__(self, ids: torch.Tensor):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(logits=self.runtime.score(ids))

@@ -114,7 +114,7 @@ def _evaluate_one(
         if wm is not None:
             wm.start_meter()
         ppl = wikitext_perplexity(
-            lm.model,
+            lm.scorer if hasattr(lm, "runtime") else lm.model,
             lm.tokenizer,
             data_dir=data_dir,
             max_length=ppl_max_length,
@@ -169,8 +169,13 @@ def run_eval(
     check_wikitext: bool = True,
     softmax_dtype: str | None = "float32",
     strict_base: bool = True,
+    runtime: bool = False,
 ) -> dict:
     """Evaluate the dense base model and each router checkpoint; return (and write) the results.
+
+    runtime: score through ``wide.runtime.WideRuntime`` (the routed kernels users are served; dense rows
+    through the same runtime with routed=False) instead of the masked Hugging Face path (the reference).
+    On CPU both paths give bit-identical logits; on the GPU they differ by the kernels' bf16 rounding.
 
     tasks: "all" (seven zero-shot tasks + wikitext), or names from ALL_TASKS. limit: first N examples
     (WikiText-2: first N documents) per task. max_length: lm-eval context length (paper: 4096);
@@ -226,6 +231,7 @@ def run_eval(
                 "dtype": str(parse_dtype(dtype)),
                 "device": str(device),
                 "softmax_dtype": softmax_dtype,
+                "path": "runtime" if runtime else "masked",
                 "num_fewshot": 0,
                 "table_metric": {t: TABLE_METRIC[t] for t in zs},
             },
@@ -240,8 +246,23 @@ def run_eval(
             write_outputs(res, out)
         return res
 
+    def make_lm(m, wm: WideModel | None, **kw):
+        if not runtime:
+            return WideLM(model, model=m, tokenizer=tok, wide_model=wm, **kw, **lm_kwargs)
+        from wide.config import WideConfig
+        from wide.eval.lm_eval_model import RuntimeLM, RuntimeScorer
+        from wide.runtime import WideRuntime
+
+        carrier = wm if wm is not None else WideModel(m, WideConfig())  # dense: routers unused
+        rt = WideRuntime(carrier, max_batch=batch_size, max_seq=max(max_length, ppl_max_length), routed=wm is not None)
+        if wm is None:
+            carrier.detach()
+        lm = RuntimeLM(model, model=m, tokenizer=tok, wide_model=wm, runtime=rt, **kw, **lm_kwargs)
+        lm.scorer = RuntimeScorer(rt)
+        return lm
+
     if dense:
-        rows["dense"] = evaluate(WideLM(model, model=base, tokenizer=tok, **lm_kwargs), None)
+        rows["dense"] = evaluate(make_lm(base, None), None)
         if routers:  # the last row's write is the final one below
             result_of(rows)
     for i, r in enumerate(routers):
@@ -255,7 +276,7 @@ def run_eval(
             m = base
         wm = WideModel.from_pretrained(m, r, strict_base=strict_base).eval()
         try:
-            row = evaluate(WideLM(model, routers=r, model=m, tokenizer=tok, wide_model=wm, **lm_kwargs), wm)
+            row = evaluate(make_lm(m, wm, routers=r), wm)
         finally:
             wm.detach()
         row["config"] = wm.config.to_dict()

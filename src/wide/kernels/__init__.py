@@ -5,7 +5,7 @@ GEMM-MN takes the sorted path — M > DENSE_M and enough expected sparsity, `gem
 alone: the small-M and dense paths read the mask) gives a RouteIndex shared by the operators of that decision:
   attention: routed_gemm_mn (Q) -> routed_attention_prefill / _decode -> routed_gemm_k (O)
   FFN:       routed_swiglu (gate+up, fused) -> routed_gemm_k (down)
-The decisions themselves: router_decisions (projection + margin head) / margin_decisions, one launch at decode.
+The decisions themselves: router_margin / router_decisions, the one decision rule (docs/routing.md).
 Every op is a `torch.library` custom op in the `wide::` namespace (torch.compile / CUDA-graph safe, no
 host syncs); on CPU tensors the torch reference runs unless TRITON_INTERPRET=1.
 """
@@ -31,7 +31,12 @@ from wide.kernels.reorder import (
     reorder_reference,
     route_mask,
 )
-from wide.kernels.router import margin_decisions, margin_decisions_ref, router_decisions, router_decisions_ref
+from wide.kernels.router import (
+    router_decisions,
+    router_decisions_ref,
+    router_margin,
+    router_margin_ref,
+)
 
 
 def clear_autotune_cache() -> None:
@@ -62,8 +67,6 @@ __all__ = [
     "gather_scatter_gemm_n",
     "gemm_path",
     "has_index",
-    "margin_decisions",
-    "margin_decisions_ref",
     "mn_dense_below",
     "mn_dense_thresholds",
     "pattern_order",
@@ -73,6 +76,8 @@ __all__ = [
     "route_mask",
     "router_decisions",
     "router_decisions_ref",
+    "router_margin",
+    "router_margin_ref",
     "routed_attention_decode",
     "routed_attention_prefill",
     "routed_gemm_k",

@@ -27,7 +27,12 @@ import os
 
 import torch
 
-from wide.kernels.attention_reference import attention_decode_ref, attention_prefill_ref
+from wide.kernels.attention_reference import (
+    attention_decode_ref,
+    attention_decode_sdpa,
+    attention_prefill_ref,
+    attention_prefill_sdpa,
+)
 from wide.kernels.reorder import RouteIndex, has_index, reorder_reference
 
 try:
@@ -402,7 +407,7 @@ def _define_ops():
     ) -> torch.Tensor:
         if _use_triton(q):
             return _prefill_impl(q, k, v, idx, count, batch_start, batch_count, sm_scale, causal, mask)
-        return attention_prefill_ref(q, k, v, mask, sm_scale, causal)
+        return attention_prefill_sdpa(q, k, v, mask, sm_scale, causal)
 
     def attn_decode(
         q: torch.Tensor,
@@ -417,7 +422,7 @@ def _define_ops():
             return _decode_impl(
                 q, k_cache, v_cache, cache_lens, mask, sm_scale, num_splits
             )  # bool: no dtype view (inductor)
-        return attention_decode_ref(q, k_cache, v_cache, cache_lens, mask, sm_scale)
+        return attention_decode_sdpa(q, k_cache, v_cache, cache_lens, mask, sm_scale)
 
     if _HAS_TRITON_OP and HAS_TRITON and not _INTERPRET:
         prefill = _triton_op("wide::attn_prefill", attn_prefill, mutates_args=())

@@ -52,6 +52,29 @@ def attention_prefill_ref(
     return o.to(q.dtype)
 
 
+def attention_prefill_sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    sm_scale: float | None = None,
+    causal: bool = True,
+) -> torch.Tensor:
+    """The torch path the routed prefill takes without Triton: SDPA in the input dtype, as the Hugging
+    Face attention computes it, then the skipped groups' heads zeroed. Bit-equal to the masked path
+    (WideModel) on the same device, so the runtime serves what was evaluated (docs/routing.md).
+    Shapes as ``attention_prefill_ref``; Tq != Tk under causal masking falls back to it."""
+    bsz, tq, hq, d = q.shape
+    tk, hk = k.shape[1], k.shape[2]
+    if causal and tq != tk:
+        return attention_prefill_ref(q, k, v, mask, sm_scale, causal)
+    o = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal, enable_gqa=True, scale=sm_scale
+    ).transpose(1, 2)  # [B, Tq, Hq, d]
+    keep = _expand_heads(mask.bool(), hq // hk, 2)  # [B, Tq, Hq]
+    return torch.where(keep[..., None], o, torch.zeros((), dtype=o.dtype, device=o.device))
+
+
 def attention_decode_ref(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -84,3 +107,28 @@ def attention_decode_ref(
     keep = _expand_heads(mask.bool(), hpg, 1)  # [B,Hq]
     o = torch.where(keep[..., None], o, torch.zeros((), dtype=o.dtype, device=o.device))
     return o.to(q.dtype)
+
+
+def attention_decode_sdpa(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_lens: torch.Tensor,
+    mask: torch.Tensor,
+    sm_scale: float | None = None,
+) -> torch.Tensor:
+    """The torch path routed decode takes without Triton (CPU): SDPA in the input dtype over the cached
+    prefix when every sequence has the same length (``generate``), as the Hugging Face attention
+    computes the last row of a whole sequence; otherwise ``attention_decode_ref``. Reads the lengths on
+    the host: CPU tensors only. Shapes as ``attention_decode_ref``."""
+    if cache_lens.is_cuda or cache_lens.numel() == 0:
+        return attention_decode_ref(q, k_cache, v_cache, cache_lens, mask, sm_scale)
+    n = int(cache_lens[0])
+    if n < 1 or not bool((cache_lens == n).all()):
+        return attention_decode_ref(q, k_cache, v_cache, cache_lens, mask, sm_scale)
+    hq, hk = q.shape[1], k_cache.shape[2]
+    o = torch.nn.functional.scaled_dot_product_attention(
+        q[:, :, None], k_cache[:, :n].transpose(1, 2), v_cache[:, :n].transpose(1, 2), enable_gqa=True, scale=sm_scale
+    )[:, :, 0]  # [B, Hq, d]
+    keep = _expand_heads(mask.bool(), hq // hk, 1)  # [B, Hq]
+    return torch.where(keep[..., None], o, torch.zeros((), dtype=o.dtype, device=o.device))

@@ -22,7 +22,7 @@ import torch.nn as nn
 
 from wide.accounting import FlopModel, SparsityMeter
 from wide.config import ModelDims, RoutingShape, WideConfig
-from wide.routing import EXECUTE, SKIP, Router, RoutingMode, hard_gumbel_execute, masked_mean
+from wide.routing import Router, RoutingMode, hard_gumbel_execute, masked_mean
 
 SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -134,13 +134,13 @@ class WideModel(nn.Module):
                 return
             slot = module._wide_slot
             x = output if self.config.router_input == "normed" else args[0]  # x: [B, T, D]
-            logits = slot.router.logits(x)  # [B, T, N_G, 2]
-            argmax_exec = logits[..., SKIP] <= logits[..., EXECUTE]  # [B, T, N_G] bool
+            margin = slot.router.skip_margin(x)  # [B, T, N_G] fp32: the one decision rule (wide.routing)
+            argmax_exec = margin <= 0  # [B, T, N_G] bool
             if self.mode == "gumbel":
                 # a copy of τ: the autograd graph must not see later in-place updates of the buffer
-                exec_mask = hard_gumbel_execute(logits, self._tau.clone())  # {0., 1.} with ST gradient
+                exec_mask = hard_gumbel_execute(margin, self._tau.clone())  # {0., 1.} with ST gradient
                 slot.masks[kind + "_argmax"] = argmax_exec
-                slot.masks[kind + "_logits"] = logits
+                slot.masks[kind + "_margin"] = margin
             else:
                 exec_mask = argmax_exec
             slot.masks[kind] = exec_mask

@@ -68,6 +68,11 @@ class GraphedPrefill:
 @torch.no_grad()
 def generate(rt: WideRuntime, ids: torch.Tensor, max_new_tokens: int, *, cuda_graph: bool = True) -> torch.Tensor:
     """ids: [B, T] equal-length prompts -> [B, T + max_new_tokens] (greedy)."""
+    max_seq = rt.cache.k.shape[2]
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if ids.dim() == 2 and ids.shape[1] + max_new_tokens - 1 > max_seq:
+        raise ValueError(f"prompt {ids.shape[1]} + {max_new_tokens} new tokens exceed the runtime's max_seq {max_seq}")
     rt.cache.reset()
     nxt = rt.prefill(ids).argmax(-1, keepdim=True)  # [B, 1]
     out = [ids, nxt]

@@ -3,13 +3,14 @@
 It takes the weights of a Hugging Face Llama-family model and the routers of a `WideModel`, and runs
 every prunable operator through `wide.kernels`:
 
-  attention: [K; V; router D->r] in one GEMM -> plan_route(mask) -> routed_gemm_mn (Q)
+  attention: router -> plan_route(mask) -> routed_gemm_mn (Q) ; [K; V] in one GEMM
              -> routed attention -> routed_gemm_k (O)
   FFN:       router -> plan_route(mask) -> routed_swiglu (gate+up) -> routed_gemm_k (down)
 
+The routers decide through ``wide.kernels.router_decisions``, the op the masked path and training
+use too (docs/routing.md#the-decision-rule): the runtime serves the decisions that were evaluated.
 Projections that read the same input share one GEMM: dense runs [Q; K; V] and [gate; up] as one
-each (as serving engines do), WIDE runs K, V and the attention router's down-projection as one (the
-router reads the same normed hidden state as K/V), so a decode step launches fewer, larger GEMVs.
+each (as serving engines do), WIDE runs [K; V] as one.
 The fused weights are row blocks of one buffer per layer; the Hugging Face modules' weights are
 re-pointed to views of it (same values, no second copy).
 
@@ -40,7 +41,6 @@ import torch.nn.functional as F
 
 from wide import kernels as K
 from wide.model.wide_model import WideModel, decoder_layers
-from wide.routing import EXECUTE, SKIP
 
 
 @dataclass
@@ -69,8 +69,8 @@ class LayerWeights(NamedTuple):
     b_qkv: torch.Tensor | None
     wq: torch.Tensor | None  # routed: [Hq*d, D]
     bq: torch.Tensor | None
-    w_kvr: torch.Tensor | None  # routed: [K; V; attention router down] = [2 Hk*d + r, D]
-    b_kvr: torch.Tensor | None
+    w_kv: torch.Tensor | None  # routed: [K; V] = [2 Hk*d, D]
+    b_kv: torch.Tensor | None
     wo: torch.Tensor  # [D, Hq*d]
     bo: torch.Tensor | None
     q_norm: torch.Tensor | None  # [d] (Qwen3)
@@ -80,8 +80,12 @@ class LayerWeights(NamedTuple):
     w_gate: torch.Tensor | None  # routed: [D', D] each
     w_up: torch.Tensor | None
     w_down: torch.Tensor  # [D, D']
-    margin_attn: tuple | None  # routed: (W_margin [Hk, r], b_margin [Hk]) of the attention router
-    head_ffn: tuple | None  # routed: the folded FFN router head (WideRuntime._router_head)
+    head_attn: tuple | None  # routed: the attention router folded for inference (Router.fold)
+    head_ffn: tuple | None  # routed: the FFN router folded for inference
+
+
+# The routed attention kernels' tiles fit shared memory for fp16 / fp32 only up to this head_dim.
+MAX_HEAD_DIM_WIDE_DTYPES = 64
 
 
 class StepConfig(NamedTuple):
@@ -122,15 +126,15 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 
 def _attention(
     x: torch.Tensor, cos, sin, pos, lens, w: LayerWeights, ck: torch.Tensor, cv: torch.Tensor, st: StepConfig
-) -> torch.Tensor:
-    """x: [B, T, D] -> attention block output [B, T, D]; writes this layer's K/V into the cache."""
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """x: [B, T, D] -> (attention block output [B, T, D], execute mask [B, T, Hk] or None when dense);
+    writes this layer's K/V into the cache."""
     b, t, _ = x.shape
     h2 = rms_norm(x, w.ln_attn, st.eps).reshape(b * t, -1)  # [M, D]
     kv_width = st.n_kv * st.head_dim
     if st.routed:
-        kvr = F.linear(h2, w.w_kvr, w.b_kvr)  # [M, 2 Hk*d + r]: K, V and the router's D -> r in one GEMM
-        k, v, r = kvr.split([kv_width, kv_width, kvr.shape[-1] - 2 * kv_width], dim=-1)
-        mask = K.margin_decisions(r, *w.margin_attn).view(b, t, -1)  # [B, T, Hk]
+        mask = K.router_decisions(h2.view(b, t, -1), *w.head_attn)  # [B, T, Hk]
+        k, v = F.linear(h2, w.w_kv, w.b_kv).split([kv_width, kv_width], dim=-1)  # [M, Hk*d] each
         hint = st.attn_sparsity_hint
         route = K.plan_route(mask, st.g_attn, hint)
         # Q's inactive heads stay unspecified: attention ignores them
@@ -167,21 +171,24 @@ def _attention(
         y = F.linear(o2, w.wo)
     if w.bo is not None:
         y = y + w.bo
-    return y.view(b, t, -1)
+    return y.view(b, t, -1), mask
 
 
-def _ffn(x: torch.Tensor, w: LayerWeights, st: StepConfig) -> torch.Tensor:
+def _ffn(x: torch.Tensor, w: LayerWeights, st: StepConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """x: [B, T, D] -> (FFN block output [B, T, D], execute mask [B, T, N_G] or None when dense)."""
     b, t, _ = x.shape
     h2 = rms_norm(x, w.ln_ffn, st.eps).reshape(b * t, -1)
+    mask = None
     if st.routed:
         hint = st.ffn_sparsity_hint
-        route = K.plan_route(K.router_decisions(h2.view(b, t, -1), *w.head_ffn), st.g_ffn, hint)
+        mask = K.router_decisions(h2.view(b, t, -1), *w.head_ffn)  # [B, T, N_G]
+        route = K.plan_route(mask, st.g_ffn, hint)
         a = K.routed_swiglu(h2, w.w_gate, w.w_up, route, st.g_ffn, sparsity_hint=hint)  # zeros if inactive
         y = K.routed_gemm_k(a, w.w_down, route, st.g_ffn, algo=st.algo, x_zeroed=True, sparsity_hint=hint)
     else:
         gate, up = F.linear(h2, w.w_gate_up).chunk(2, dim=-1)  # [M, D'] each, one GEMM
         y = F.linear(F.silu(gate) * up, w.w_down)
-    return y.view(b, t, -1)
+    return y.view(b, t, -1), mask
 
 
 def layer_step(
@@ -194,12 +201,14 @@ def layer_step(
     ck: torch.Tensor,
     cv: torch.Tensor,
     st: StepConfig,
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """One decoder layer: x [B, T, D] at positions pos [B, T] (cos/sin [B, T, d]; lens [B]: cached
-    tokens before this step) -> [B, T, D]. Tensors only (plus the static ``st``), so that one compiled
-    step serves every layer."""
-    x = x + _attention(x, cos, sin, pos, lens, w, ck, cv, st)
-    return x + _ffn(x, w, st)
+    tokens before this step) -> (x [B, T, D], attention and FFN execute masks, None when dense).
+    Tensors only (plus the static ``st``), so that one compiled step serves every layer."""
+    a, attn_mask = _attention(x, cos, sin, pos, lens, w, ck, cv, st)
+    x = x + a
+    f, ffn_mask = _ffn(x, w, st)
+    return x + f, attn_mask, ffn_mask
 
 
 def _rows(t: torch.Tensor | None, lo: int, hi: int | None) -> torch.Tensor | None:
@@ -207,23 +216,17 @@ def _rows(t: torch.Tensor | None, lo: int, hi: int | None) -> torch.Tensor | Non
 
 
 @torch.no_grad()
-def fuse_linears(linears: list, extra_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One [sum of out_features (+ extra rows), in] buffer holding the weights of ``linears`` (nn.Linear
-    reading the same input) one after another, and their biases (0 where absent; None if none has one).
+def fuse_linears(linears: list) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One [sum of out_features, in] buffer holding the weights of ``linears`` (nn.Linear reading the
+    same input) one after another, and their biases (0 where absent; None if none has one).
 
     Each module's weight (and bias) is re-pointed to its view of the buffer: same values, no second copy,
-    and the module keeps working. ``extra_rows`` (e.g. a router's D -> r projection) are appended with
-    bias 0; they belong to no module.
+    and the module keeps working.
     """
-    weights = [m.weight for m in linears] + ([extra_rows] if extra_rows is not None else [])
-    w = torch.cat([t.to(linears[0].weight.dtype) for t in weights])  # [sum N_i, D]
-    has_bias = any(m.bias is not None for m in linears)
+    w = torch.cat([m.weight for m in linears])  # [sum N_i, D]
     b = None
-    if has_bias:
-        parts = [m.bias if m.bias is not None else m.weight.new_zeros(m.weight.shape[0]) for m in linears]
-        if extra_rows is not None:
-            parts.append(w.new_zeros(extra_rows.shape[0]))
-        b = torch.cat([p.to(w.dtype) for p in parts])
+    if any(m.bias is not None for m in linears):
+        b = torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.weight.shape[0]) for m in linears])
     start = 0
     for m in linears:
         n = m.weight.shape[0]
@@ -271,13 +274,20 @@ class WideRuntime:
                 f"routers decide per {s.attn_heads_per_group} heads: run them with the masked path (WideModel)"
             )
         self.routed, self.algo = routed, gemm_k_algo
+        p = next(self.hf.parameters())
+        if max_batch < 1 or max_seq < 1:
+            raise ValueError(f"max_batch and max_seq must be >= 1, got {max_batch}, {max_seq}")
+        if p.is_cuda and p.dtype != torch.bfloat16 and d.head_dim > MAX_HEAD_DIM_WIDE_DTYPES:
+            raise ValueError(
+                f"WideRuntime serves {p.dtype} models up to head_dim {MAX_HEAD_DIM_WIDE_DTYPES} on the GPU (bf16 at "
+                f"any head_dim); this model has head_dim {d.head_dim}: load it in bf16 (or use WideModel)"
+            )
         self.attn_sparsity_hints = self._hints("attn", attn_sparsity_hint, len(self.layers))
         self.ffn_sparsity_hints = self._hints("ffn", ffn_sparsity_hint, len(self.layers))
         self.g_attn = s.attn_heads_per_group * d.head_dim
         self.g_ffn = s.ffn_group_size
-        p = next(self.hf.parameters())
-        # per layer: the attention and FFN routers folded for inference (see _router_head)
-        self.heads = [(self._router_head(r.attn, p.dtype), self._router_head(r.ffn, p.dtype)) for r in wm.routers]
+        # per layer: the attention and FFN routers folded for inference (Router.fold)
+        self.heads = [(r.attn.fold(p.dtype), r.ffn.fold(p.dtype)) for r in wm.routers]
         self.weights = [self._layer_weights(i, layer) for i, layer in enumerate(self.layers)]
         self.cache = StaticCache.empty(d.n_layers, max_batch, max_seq, d.n_kv_heads, d.head_dim, p.dtype, p.device)
         # per layer, prefill and decode; layers whose hints pick the same schedules share a config
@@ -293,12 +303,11 @@ class WideRuntime:
         qn = getattr(at, "q_norm", None)
         kn = getattr(at, "k_norm", None)
         nq = at.q_proj.weight.shape[0]
-        if self.routed:  # [Q; K; V; attention router D -> r]: Q alone (routed), K, V and router together
-            w_down_attn, w_margin, b_margin = self.heads[i][0]
-            w_in, b_in = fuse_linears([at.q_proj, at.k_proj, at.v_proj], extra_rows=w_down_attn)
+        if self.routed:  # [Q; K; V]: Q alone (routed), K and V together
+            w_in, b_in = fuse_linears([at.q_proj, at.k_proj, at.v_proj])
             attn = (None, None, w_in[:nq], _rows(b_in, 0, nq), w_in[nq:], _rows(b_in, nq, None))
             ffn = (None, mlp.gate_proj.weight, mlp.up_proj.weight)  # routed SwiGLU reads both anyway
-            heads = ((w_margin, b_margin), self.heads[i][1])
+            heads = self.heads[i]
         else:
             w_in, b_in = fuse_linears([at.q_proj, at.k_proj, at.v_proj])
             attn = (w_in, b_in, None, None, None, None)
@@ -349,45 +358,68 @@ class WideRuntime:
         )
 
     # ------------------------------------------------------------------ pieces
-    @staticmethod
-    def _router_head(router, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """A router folded for inference: (W_down [r, D] in the model dtype, W_margin [N_G, r] fp32,
-        b_margin [N_G] fp32) with margin = logit(skip) - logit(execute) + skip_bias = W_margin·(W_down·h)
-        + b_margin. Read once, when the runtime is built: build it after calibration / threshold fits."""
-        w = router.up.weight.detach().float().view(router.n_groups, 2, -1)  # [N_G, 2, r]
-        b = router.up.bias.detach().float().view(router.n_groups, 2)  # [N_G, 2]
-        w_margin = (w[:, SKIP] - w[:, EXECUTE]).contiguous()
-        b_margin = (b[:, SKIP] - b[:, EXECUTE] + router.skip_bias.detach().float()).contiguous()
-        return router.down.weight.detach().to(dtype).contiguous(), w_margin, b_margin
-
-    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, decode: bool) -> torch.Tensor:
-        """ids: [B, T], pos: [B, T] absolute positions -> logits of the last position [B, V]."""
+    def _forward(
+        self, ids: torch.Tensor, pos: torch.Tensor, decode: bool, every_position: bool = False
+    ) -> torch.Tensor:
+        """ids: [B, T], pos: [B, T] absolute positions -> fp32 logits of the last position [B, V], or with
+        ``every_position`` the logits of every position [B, T, V] in the model dtype (scoring)."""
         x = self.hf.model.embed_tokens(ids)  # [B, T, D]
         cos, sin = self.hf.model.rotary_emb(x, pos)  # [B, T, d], once for every layer
         lens = self.cache.lens[: ids.shape[0]]
+        meter = self.wm.meter if (self.wm.metering and self.routed) else None
         for i, (w, st) in enumerate(zip(self.weights, self.step_configs[decode], strict=True)):
-            x = self.step(x, cos, sin, pos, lens, w, self.cache.k[i], self.cache.v[i], st)
+            x, attn_mask, ffn_mask = self.step(x, cos, sin, pos, lens, w, self.cache.k[i], self.cache.v[i], st)
+            if meter is not None:
+                meter.record(i, "attn", attn_mask)
+                meter.record(i, "ffn", ffn_mask)
+        if every_position:
+            return self.hf.lm_head(self.hf.model.norm(x))
         x = self.hf.model.norm(x[:, -1])
         return self.hf.lm_head(x).float()
+
+    def _check_ids(self, ids: torch.Tensor, what: str) -> None:
+        if ids.dim() != 2:
+            raise ValueError(f"{what} takes token ids [B, T], got shape {tuple(ids.shape)}")
+        if ids.device != self.cache.k.device:
+            raise ValueError(f"{what}: ids on {ids.device}, the model on {self.cache.k.device}")
+        b, t = ids.shape
+        max_batch, max_seq = self.cache.k.shape[1:3]
+        if b > max_batch or t > max_seq or b == 0 or t == 0:
+            raise ValueError(f"{what}: batch {tuple(ids.shape)} outside the cache (max_batch, max_seq) = "
+                             f"({max_batch}, {max_seq})")  # fmt: skip
 
     # ------------------------------------------------------------------ API
     @torch.no_grad()
     def prefill(self, ids: torch.Tensor) -> torch.Tensor:
-        """A fresh batch of equal-length prompts ids: [B, T] -> next-token logits [B, V]."""
+        """A fresh batch of equal-length prompts ids: [B, T] -> next-token logits [B, V] (fp32)."""
+        self._check_ids(ids, "prefill")
         b, t = ids.shape
-        if t > self.cache.k.shape[2] or b > self.cache.k.shape[1]:
-            raise ValueError(
-                f"prompt batch {tuple(ids.shape)} exceeds the cache (max_batch, max_seq) = "
-                f"{tuple(self.cache.k.shape[1:3])}"
-            )
         pos = torch.arange(t, device=ids.device).expand(b, t)
         logits = self._forward(ids, pos, decode=False)
         self.cache.lens[:b] = t
         return logits
 
     @torch.no_grad()
+    def score(self, ids: torch.Tensor) -> torch.Tensor:
+        """Prefill a fresh batch ids: [B, T] and return the logits of every position [B, T, V] (model
+        dtype), as ``model(ids).logits`` does: the served path, for evaluation. Right padding is safe
+        (causal: later tokens never change earlier logits). While ``wm.start_meter()`` is active, the
+        runtime's own decisions are metered (set the meter's token mask to exclude padding)."""
+        self._check_ids(ids, "score")
+        b, t = ids.shape
+        pos = torch.arange(t, device=ids.device).expand(b, t)
+        logits = self._forward(ids, pos, decode=False, every_position=True)
+        self.cache.lens[:b] = t
+        return logits
+
+    @torch.no_grad()
     def decode(self, ids: torch.Tensor) -> torch.Tensor:
-        """One step: ids [B, 1] at each sequence's cache length -> logits [B, V]. No host sync."""
+        """One step: ids [B, 1] at each sequence's cache length -> logits [B, V]. No host sync: the
+        caller keeps the cache length below max_seq (``generate`` checks it once)."""
+        if ids.dim() != 2 or ids.shape[1] != 1 or ids.shape[0] > self.cache.k.shape[1]:
+            raise ValueError(f"decode takes ids [B <= {self.cache.k.shape[1]}, 1], got shape {tuple(ids.shape)}")
+        if ids.device != self.cache.k.device:
+            raise ValueError(f"decode: ids on {ids.device}, the model on {self.cache.k.device}")
         b = ids.shape[0]
         pos = self.cache.lens[:b].long()[:, None]  # [B, 1]
         logits = self._forward(ids, pos, decode=True)

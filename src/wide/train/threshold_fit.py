@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 import torch
 
-from wide.routing import SKIP, fit_skip_bias
+from wide.routing import fit_skip_bias
 
 FIT_MODES = ("router", "kind", "global", "none")
 Key = tuple[int, str]  # (layer, "attn" | "ffn")
@@ -40,9 +40,9 @@ def collect_margins(wm, batches: Iterable[dict], device: torch.device) -> tuple[
                 wm(ids, attention_mask=am)
             keep = am.bool()
             for (i, k), lst in margins.items():
-                lg = wm.last_masks[i][k + "_logits"][keep]  # [N_tok, N_G, 2]
-                lst.append((lg[..., SKIP] - lg[..., 1 - SKIP]).flatten())
-                probs[(i, k)].append(lg.softmax(-1)[..., SKIP].flatten())
+                mg = wm.last_masks[i][k + "_margin"][keep]  # [N_tok, N_G] skip margins
+                lst.append(mg.flatten())
+                probs[(i, k)].append(torch.sigmoid(mg).flatten())  # the two-class softmax's P(skip)
     m = {key: torch.cat(v) for key, v in margins.items()}
     p = {key: float(torch.cat(v).mean()) for key, v in probs.items()}
     return m, p
