@@ -17,6 +17,10 @@ GEMM-K (O, down) paths:
   dense   (otherwise): cuBLAS over the producer's zeros (or over x with its inactive groups zeroed).
   ordered (few groups, large M, enough expected sparsity): rows in one shared pattern order, each
           tile streams only the K tiles of the groups some of its rows run.
+
+Forcing a path uses the same vocabulary: ``plan(..., force_mn="sorted", force_k="dense")`` or a ``Plan``
+built by hand (``plan_route`` checks it). ``wide.kernels.plan`` is the function; import the thresholds
+from this module (``from wide.kernels.plan import SMALL_M``).
 """
 
 from __future__ import annotations
