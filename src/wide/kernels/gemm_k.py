@@ -244,8 +244,8 @@ def routed_gemm_k(
     """
     check_dtype(x, w)
     validate_route(x, w.shape[0], w.shape[1], route, group_size, "k")
-    path = route_plan(route).k
     m = x.shape[0]
+    path = route_plan(route, m).k
     mask = route_mask(route)
     if mask.dtype != torch.bool or tuple(mask.shape) != (m, route.idx.shape[0]):
         raise ValueError(f"route.mask must be bool [M, N_G], got {mask.dtype} {tuple(mask.shape)}")

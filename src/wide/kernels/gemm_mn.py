@@ -261,16 +261,16 @@ def _route_of(idx: torch.Tensor, count: torch.Tensor, mask: torch.Tensor) -> Rou
     return RouteIndex(idx, count, e, e, mask)
 
 
-def route_plan(route: RouteIndex, m: int | None = None) -> Plan:
+def route_plan(route: RouteIndex, m: int) -> Plan:
     """The plan a route carries (``plan_route(mask, plan(...))``), checked against the route: a route
     without a plan, a sorted GEMM-MN without the reorder index, a small path past SMALL_M tokens are
-    ValueErrors. The operators take their path from it and decide nothing themselves."""
+    ValueErrors (M: the operator's token count). The operators take their path from it and decide nothing
+    themselves."""
     p = route.plan
     if p is None:
         raise ValueError("route has no plan: build it with plan_route(mask, plan(m, group_size, n_groups, sparsity))")
     if p.mn == "sorted" and not has_index(route):
         raise ValueError(f"{p}: the sorted GEMM-MN needs the reorder index; build the route with plan_route")
-    m = route_mask(route).shape[0] if m is None else m
     if "small" in (p.mn, p.k) and m > SMALL_M:
         raise ValueError(f"{p}: the small paths serve M <= {SMALL_M}, got M={m}")
     return p
