@@ -25,6 +25,7 @@ from wide.bench.gemm_bench import time_graph, time_variants
 from wide.bench.timing import copies_for
 from wide.kernels import attention as A
 from wide.kernels.attention_reference import attention_decode_ref
+from wide.kernels.plan import plan
 from wide.kernels.reference import routed_gemm_k_ref, routed_gemm_mn_ref, routed_swiglu_ref
 from wide.kernels.reorder import plan_route
 from wide.kernels.small_m import small_gemm_k, small_gemm_mn
@@ -83,7 +84,7 @@ def gemm_variants(recs: list, m: int, ops: tuple[str, ...] = ("q", "gate_up", "o
         x = [torch.randn(m, k, device="cuda", generator=gen) for _ in range(nc)]
         ng = (k if op in ("o", "down", "down32") else n) // g
         mask = [torch.rand(m, ng, device="cuda", generator=gen) < 0.5 for _ in range(nc)]
-        r = plan_route(mask[0])
+        r = plan_route(mask[0], plan(m, g, ng))
         xb, wb = [t.bfloat16() for t in x], [t.bfloat16() for t in w]
         w2b = [t.bfloat16() if t is not None else None for t in w2]
         if op in ("o", "down", "down32"):
@@ -149,7 +150,6 @@ def large_mn_variants(recs: list, m: int = 4096) -> None:
     """Sorted GEMM-MN tile configs at large M, 50% and 0%: each forced as the only autotune candidate."""
     from wide.kernels import clear_autotune_cache
     from wide.kernels import gemm_mn as GM
-    from wide.kernels.reorder import reorder
 
     gen = torch.Generator(device="cuda").manual_seed(7)
     saved = list(GM._LARGE)
@@ -165,7 +165,7 @@ def large_mn_variants(recs: list, m: int = 4096) -> None:
             dense = time_graph([partial(F.linear, a, b) for a, b in zip(x, w, strict=True)])
         for sp in (0.5, 0.0):
             masks = [torch.rand(m, n // g, device="cuda", generator=gen) >= sp for _ in range(nc)]
-            routes = [reorder(mk) for mk in masks]
+            routes = [plan_route(mk, plan(m, g, n // g, force_mn="sorted")) for mk in masks]
             for c in cands:
                 if g % c.kwargs["BLOCK_N"]:
                     continue
@@ -207,7 +207,6 @@ def prefill_variants(recs: list) -> None:
             routes = [reorder(mk) for mk in masks]
             for conf in (None, (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2),
                          (128, 64, 8, 4), (64, 64, 4, 3), (256, 64, 8, 3), (64, 128, 4, 3)):  # fmt: skip
-                A.PREFILL_CONFIG_OVERRIDE = conf
                 rec = {
                     "kind": "attn_prefill",
                     "B": b,
@@ -218,7 +217,7 @@ def prefill_variants(recs: list) -> None:
                 }
                 try:
                     fns = [
-                        partial(A.routed_attention_prefill, q, k, v, mk, route=r)
+                        partial(A.routed_attention_prefill, q, k, v, mk, route=r, config=conf)
                         for q, k, v, mk, r in zip(qs, ks, vs, masks, routes, strict=True)
                     ]
                     out = fns[0]().float()
@@ -228,7 +227,6 @@ def prefill_variants(recs: list) -> None:
                     _time_vs_sdpa(rec, fns, sdpa_ms)
                 except Exception as exc:  # noqa: BLE001
                     rec["error"] = repr(exc)[:300]
-                A.PREFILL_CONFIG_OVERRIDE = None
                 _keep(recs, rec)
 
 
@@ -251,21 +249,19 @@ def attn_variants(recs: list) -> None:
             for ns in sorted({4, 8, 16, 32, 64, default_ns}):
                 if ctx // ns < conf[0]:
                     continue
-                A.DECODE_CONFIG_OVERRIDE = conf
                 rec = {"kind": "attn_decode", "B": b, "ctx": ctx, "sparsity": 0.5, "config": conf,
                        "num_splits": ns, "default_splits": default_ns, "sdpa_default_ms": sdpa_ms}  # fmt: skip
                 try:
-                    out = A.routed_attention_decode(qs[0], ks[0], vs[0], lens, masks[0], num_splits=ns)
+                    out = A.routed_attention_decode(qs[0], ks[0], vs[0], lens, masks[0], num_splits=ns, config=conf)
                     ok, e, bb = err_ok(out, ref, low)
                     rec.update(err=e, torch_err=bb, err_ok=ok)
                     fns = [
-                        partial(A.routed_attention_decode, q, k, v, lens, mk, num_splits=ns)
+                        partial(A.routed_attention_decode, q, k, v, lens, mk, num_splits=ns, config=conf)
                         for q, k, v, mk in zip(qs, ks, vs, masks, strict=True)
                     ]
                     _time_vs_sdpa(rec, fns, sdpa_ms)
                 except Exception as exc:  # noqa: BLE001
                     rec["error"] = repr(exc)[:300]
-                A.DECODE_CONFIG_OVERRIDE = None
                 _keep(recs, rec)
 
 
@@ -274,7 +270,6 @@ def autotune_pick(recs: list, m: int = 4096) -> None:
     default do_bench and with its CUDA-graph one) against this harness's time of the picked config."""
     from wide.kernels import clear_autotune_cache
     from wide.kernels import gemm_mn as GM
-    from wide.kernels.reorder import reorder
 
     gen = torch.Generator(device="cuda").manual_seed(9)
     tuner = GM._gemm_mn_tuned
@@ -282,7 +277,7 @@ def autotune_pick(recs: list, m: int = 4096) -> None:
         sw, nc, w, w2, x = _large_inputs(op, m, gen)
         for sp in (0.5, 0.0):
             masks = [torch.rand(m, n // g, device="cuda", generator=gen) >= sp for _ in range(nc)]
-            routes = [reorder(mk) for mk in masks]
+            routes = [plan_route(mk, plan(m, g, n // g, force_mn="sorted")) for mk in masks]
             if sw:
                 fns = [partial(GM.routed_swiglu, a, b, c2, r, g) for a, b, c2, r in zip(x, w, w2, routes)]
             else:
@@ -369,7 +364,7 @@ def pdl_variants(recs: list) -> None:
             xb = [torch.randn(m, k, device="cuda", generator=gen).bfloat16() for _ in range(nc)]
             for sp in (0.5, 0.0):
                 mask = [torch.rand(m, ng, device="cuda", generator=gen) >= sp for _ in range(nc)]
-                r0 = plan_route(mask[0])
+                r0 = plan_route(mask[0], plan(m, g, ng))
                 if k_routed:
                     xs = [a * mk.repeat_interleave(g, 1) for a, mk in zip(xb, mask, strict=True)]
                     dense = time_graph([partial(F.linear, a, b) for a, b in zip(xs, wb, strict=True)])
@@ -430,7 +425,7 @@ def pdl_variants(recs: list) -> None:
 
 def ordered_variants(recs: list) -> None:
     """GEMM-K 'ordered' (rows in the shared Gray pattern order, a tile skips the groups none of its
-    rows runs) against cuBLAS on the pre-zeroed input ('masked_dense', what 'auto' runs at large M):
+    rows runs) against cuBLAS on the pre-zeroed input ('dense', what the plan runs at large M):
     O (G 512) at M 4096 / 8192 / 16384 and sparsity 0-70%, down (G 128) at M 4096, 50%. 'ordered'
     computes its order in the call; '_pre' variants get it precomputed (Gray / binary order)."""
     from wide.kernels import clear_autotune_cache
@@ -450,7 +445,8 @@ def ordered_variants(recs: list) -> None:
         for sp in sps:
             masks = [torch.rand(m, k // g, device="cuda", generator=gen) >= sp for _ in range(nc)]
             xz = [a * mk.repeat_interleave(g, 1).to(a.dtype) for a, mk in zip(x, masks, strict=True)]
-            routes = [plan_route(mk) for mk in masks]
+            routes = [plan_route(mk, plan(m, g, k // g, sp, force_k="ordered")) for mk in masks]
+            dense_routes = [r._replace(plan=plan(m, g, k // g, sp, force_k="dense")) for r in routes]
             pre = [r._replace(order=pattern_order(r.mask)) for r in routes]
             lex = [r._replace(order=pattern_order(r.mask, gray=False)) for r in routes]
             base = {"kind": "gemm_k_ordered", "op": op, "M": m, "group_size": g, "sparsity": sp, "copies": nc}
@@ -459,7 +455,7 @@ def ordered_variants(recs: list) -> None:
             clear_autotune_cache()
             checks = {}
             for name, zeroed, rs, xs in (("ordered", True, routes, xz), ("ordered_masked_x", False, routes, x)):
-                ok, e, b = err_ok(routed_gemm_k(xs[0], w[0], rs[0], g, algo="ordered", x_zeroed=zeroed), ref32, low)
+                ok, e, b = err_ok(routed_gemm_k(xs[0], w[0], rs[0], g, x_zeroed=zeroed), ref32, low)
                 checks[name] = {"ok": ok, "err": e, "torch_bf16_err": b}
 
             def calls(xs, rs, ws=w, **kw):
@@ -467,11 +463,11 @@ def ordered_variants(recs: list) -> None:
 
             variants = {
                 "cublas_dense": [partial(F.linear, a, b) for a, b in zip(xz, w, strict=True)],
-                "masked_dense": calls(xz, routes, algo="masked_dense", x_zeroed=True),
-                "ordered": calls(xz, routes, algo="ordered", x_zeroed=True),
-                "ordered_pre": calls(xz, pre, algo="ordered", x_zeroed=True),
-                "ordered_pre_binary": calls(xz, lex, algo="ordered", x_zeroed=True),
-                "ordered_masked_x": calls(x, pre, algo="ordered"),
+                "masked_dense": calls(xz, dense_routes, x_zeroed=True),
+                "ordered": calls(xz, routes, x_zeroed=True),
+                "ordered_pre": calls(xz, pre, x_zeroed=True),
+                "ordered_pre_binary": calls(xz, lex, x_zeroed=True),
+                "ordered_masked_x": calls(x, pre),
             }
             for f in variants["ordered"][:1]:
                 f()  # autotune on these masks before timing

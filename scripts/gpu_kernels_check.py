@@ -23,9 +23,7 @@ def dump_autotune(path: str) -> None:
         "gemm_mn": gemm_mn._gemm_mn_tuned,
         "small_mn": small_m._small_mn_tuned,
         "small_k": small_m._small_k_tuned,
-        "gemm_k_stat_split": gemm_k._stat_split,
-        "gemm_k_stat_large": gemm_k._stat_large,
-        "gemm_k_atomic": gemm_k._atomic,
+        "gemm_k_ordered": gemm_k._ordered,
     }
     out = {name: {str(key): str(cfg) for key, cfg in getattr(t, "cache", {}).items()} for name, t in tuners.items()}
     with open(path, "w") as f:
@@ -39,7 +37,7 @@ def quick_check(path: str) -> bool:
 
     import torch
 
-    from wide.kernels import plan_route, routed_gemm_k, routed_gemm_mn, routed_swiglu
+    from wide.kernels import plan, plan_route, routed_gemm_k, routed_gemm_mn, routed_swiglu
     from wide.kernels.reference import routed_gemm_k_ref, routed_gemm_mn_ref, routed_swiglu_ref
 
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -52,7 +50,7 @@ def quick_check(path: str) -> bool:
             x = torch.randn(m, k, device="cuda", generator=gen)
             ng = (k if name in ("o", "down") else n) // g
             mask = torch.rand(m, ng, device="cuda", generator=gen) < 0.5
-            r = plan_route(mask)
+            r = plan_route(mask, plan(m, g, ng))  # the auto paths, no expected sparsity given
             xb, wb, w2b = x.bfloat16(), w.bfloat16(), w2.bfloat16()
             if name == "q":
                 out = routed_gemm_mn(xb, wb, r, g)

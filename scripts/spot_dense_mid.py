@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from wide.bench.timing import copies_for, time_together
-from wide.kernels import clear_autotune_cache, plan_route, routed_swiglu
+from wide.kernels import clear_autotune_cache, plan, plan_route, routed_swiglu
 from wide.kernels.reference import routed_swiglu_ref
 
 
@@ -27,15 +27,17 @@ def main(out: str) -> None:
             for sp in (0.5, 0.0):
                 clear_autotune_cache()
                 masks = [torch.rand(m, n // g, device="cuda") >= sp for _ in range(nc)]
-                out0 = routed_swiglu(xs[0], ws[0], w2s[0], plan_route(masks[0]), g)
-                ref = routed_swiglu_ref(xs[0].float(), ws[0].float(), w2s[0].float(), plan_route(masks[0]), g)
-                low = routed_swiglu_ref(xs[0], ws[0], w2s[0], plan_route(masks[0]), g)
+                pl = plan(m, g, n // g)  # the auto paths, no expected sparsity given
+                r0 = plan_route(masks[0], pl)
+                out0 = routed_swiglu(xs[0], ws[0], w2s[0], r0, g)
+                ref = routed_swiglu_ref(xs[0].float(), ws[0].float(), w2s[0].float(), r0, g)
+                low = routed_swiglu_ref(xs[0], ws[0], w2s[0], r0, g)
                 err, terr = (out0.float() - ref).abs().max().item(), (low.float() - ref).abs().max().item()
                 dense = [
                     lambda x=x, w=w, w2=w2: F.silu(F.linear(x, w)) * F.linear(x, w2) for x, w, w2 in zip(xs, ws, w2s)
                 ]
                 wide = [
-                    (lambda x=x, w=w, w2=w2, mk=mk, g=g: routed_swiglu(x, w, w2, plan_route(mk), g))
+                    (lambda x=x, w=w, w2=w2, mk=mk, g=g, pl=pl: routed_swiglu(x, w, w2, plan_route(mk, pl), g))
                     for x, w, w2, mk in zip(xs, ws, w2s, masks)
                 ]
                 d, wd = time_together([dense, wide])

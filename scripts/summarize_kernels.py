@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from wide.kernels.gemm_k import choose_algo
+from wide.kernels import plan
 
 RES = Path(__file__).resolve().parents[1] / "bench" / "results"
 MS = (1, 16, 64, 256, 1024, 4096, 16384)
@@ -191,9 +191,7 @@ def _same_call(r: dict) -> bool:
     """Whether an 'auto' record's WIDE side runs the very cuBLAS call of its dense baseline: O / down on
     cuBLAS over the producer's zeros, Q on the dense path (inactive heads left unspecified)."""
     if r["kind"] == "gemm_k":
-        return r["M"] > 16 and (
-            choose_algo(r["M"], r["group_size"], False, r["K"] // r["group_size"], r["sparsity"]) == "masked_dense"
-        )
+        return r["M"] > 16 and plan(r["M"], r["group_size"], r["K"] // r["group_size"], r["sparsity"]).k == "dense"
     return r["kind"] == "gemm_mn" and r.get("path") == "dense"
 
 

@@ -39,7 +39,13 @@ def test_bench_op_records_every_regime_and_variant(monkeypatch):
     assert draws == {1: 3, 20: 2, 300: 2}
     variants = {(r["kind"], r["M"], r["variant"]) for r in rows}
     assert ("gemm_mn", 1, "dense") in variants and ("gemm_mn", 20, "sorted") in variants
-    assert ("gemm_k", 1, "small") in variants and ("gemm_k", 300, "masked_dense") in variants
+    assert ("gemm_k", 1, "small") in variants and ("gemm_k", 300, "dense") in variants
+    # every record names the path its plan took: forced variants take theirs, 'auto' the plan's choice
+    assert all(r["path"] == r["variant"] for r in rows if r["variant"] != "auto")
+    paths = {(r["kind"], r["M"], r["sparsity"]): r["path"] for r in rows if r["variant"] == "auto"}
+    assert paths[("gemm_mn", 1, 0.5)] == "small" and paths[("gemm_mn", 20, 0.5)] == "dense"
+    assert paths[("gemm_mn", 300, 0.5)] == "dense" and paths[("gemm_mn", 300, 0.0)] == "dense"  # G 32: < 0.55
+    assert paths[("gemm_k", 1, 0.5)] == "small" and paths[("gemm_k", 300, 0.5)] == "dense"
     auto = [r for r in rows if r["variant"] == "auto"]
     assert {r["M"] for r in auto} == {1, 20, 300} and all(r["speedup"] == 1.0 for r in auto)
     # decode and mid-size routes skip the reorder; large M builds it

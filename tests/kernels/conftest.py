@@ -14,7 +14,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from wide.kernels.reorder import reorder  # noqa: E402
+from wide.kernels.plan import plan  # noqa: E402
+from wide.kernels.reorder import RouteIndex, plan_route, reorder  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
@@ -31,6 +32,16 @@ def make_route(mode: str, b: int, t: int, ng: int, device="cpu", p: float = 0.5,
         m = torch.rand(b, t, ng, generator=gen) < p
     m = m.to(device)
     return m, reorder(m if b > 1 else m[0])
+
+
+def planned(
+    mask: torch.Tensor, gs: int, mn: str | None = None, k: str | None = None, sparsity: float | None = None
+) -> RouteIndex:
+    """``plan_route(mask, plan(...))`` for a mask [M, N_G] or [B, T, N_G]; ``mn`` / ``k``: forced paths
+    (None or 'auto': the plan's own choice)."""
+    m = mask.numel() // mask.shape[-1]
+    force = {"force_mn": None if mn in (None, "auto") else mn, "force_k": None if k in (None, "auto") else k}
+    return plan_route(mask, plan(m, gs, mask.shape[-1], sparsity, **force))
 
 
 def assert_close_to_ref(out, ref32, ref_lowp, rtol_factor: float = 2.0, atol: float = 1e-5):

@@ -17,7 +17,8 @@ from wide.kernels.attention import (
     routed_attention_decode,
     routed_attention_prefill,
 )
-from wide.kernels.reorder import reorder, reorder_reference
+from wide.kernels.plan import Plan
+from wide.kernels.reorder import plan_route, reorder, reorder_reference
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 gpu = pytest.mark.gpu
@@ -78,9 +79,29 @@ def test_prefill_shared_route_and_scale():
     gen = torch.Generator().manual_seed(1)
     q, k, v = _qkv(2, 24, 30, 4, 2, 32, torch.float32, gen)
     mask = _mask((2, 24, 2), "random", gen)
-    for route in (reorder(mask), reorder_reference(mask)):
+    # a decision's route as the runtime plans it: with the reorder index (sorted GEMM-MN) or the mask alone
+    planned = [plan_route(mask, Plan(mn, "dense", mn == "sorted")) for mn in ("sorted", "dense")]
+    ref = attention_prefill_ref(q, k, v, mask, sm_scale=0.3)
+    for route in (reorder(mask), reorder_reference(mask), *planned):
         out = routed_attention_prefill(q, k, v, mask, route=route, sm_scale=0.3)
-        ref = attention_prefill_ref(q, k, v, mask, sm_scale=0.3)
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    # an explicit launch configuration (benchmark sweeps) instead of the defaults: same result
+    out = routed_attention_prefill(q, k, v, mask, sm_scale=0.3, config=(16, 32, 4, 1))
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_decode_explicit_config_and_waves():
+    from wide.kernels.attention import decode_num_splits
+
+    assert decode_num_splits(1, 8, 1 << 20, waves=2) == 33 and decode_num_splits(1, 8, 1 << 20) == 50
+    gen = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 4, 32, generator=gen)
+    kc, vc = (torch.randn(2, 40, 2, 32, generator=gen) for _ in range(2))
+    lens = torch.tensor([40, 9], dtype=torch.int32)
+    mask = torch.tensor([[True, False], [True, True]])
+    ref = attention_decode_ref(q, kc, vc, lens, mask)
+    for ns in (1, 3):
+        out = routed_attention_decode(q, kc, vc, lens, mask, num_splits=ns, config=(32, 4, 1))
         torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 

@@ -20,9 +20,10 @@ def test_pdl_off_without_a_hopper_gpu(monkeypatch):
 def _decode_ffn_chain(x, w_down_r, w_margin, b_margin, w_gate, w_up, w_down):
     """One routed FFN at decode, each kernel reading the previous one's output:
     router -> mask -> gate/up (SwiGLU) -> down (GEMM-K) -> residual."""
-    from wide.kernels import plan_route, routed_gemm_k, routed_swiglu, router_decisions
+    from wide.kernels import plan, plan_route, routed_gemm_k, routed_swiglu, router_decisions
 
-    route = plan_route(router_decisions(x, w_down_r, w_margin, b_margin))
+    mask = router_decisions(x, w_down_r, w_margin, b_margin)
+    route = plan_route(mask, plan(x.shape[0], 128, mask.shape[-1]))
     a = routed_swiglu(x, w_gate, w_up, route, 128)
     return x + routed_gemm_k(a, w_down, route, 128, x_zeroed=True)
 

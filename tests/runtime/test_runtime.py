@@ -8,7 +8,8 @@ import torch
 from tests.conftest import tiny_model
 from wide.config import WideConfig
 from wide.kernels import router_decisions
-from wide.model import WideModel
+from wide.model import WideModel, load_routers, save_routers
+from wide.model.checkpoint import FittedRates
 from wide.runtime import GraphedPrefill, WideRuntime, generate
 from wide.runtime.model import fuse_linears
 
@@ -214,17 +215,35 @@ def test_attention_sparsity_hint_defaults_to_the_target_and_is_checked():
     with pytest.raises(ValueError, match="2 layers"):
         WideRuntime(wm, max_batch=1, max_seq=8, attn_sparsity_hint=[0.5])
     # a calibrated checkpoint's recorded per-layer rates are the default
-    wm.training_summary = {"skip_bias_fit": {"argmax_skip_after": {"attn0": 0.65, "ffn0": 0.1, "attn1": 0.1}}}
+    fit = {"attn0": 0.65, "ffn0": 0.1, "attn1": 0.1}
+    wm.fitted_rates = FittedRates.from_training({"skip_bias_fit": {"argmax_skip_after": fit}}, 2)
+    assert wm.fitted_rates == FittedRates(attn=[0.65, 0.1], ffn=None)  # ffn1 missing: no FFN rates
     assert WideRuntime(wm, max_batch=1, max_seq=8).attn_sparsity_hints == [0.65, 0.1]
-    assert WideRuntime(wm, max_batch=1, max_seq=8).ffn_sparsity_hints == [0.5, 0.5]  # ffn1 missing: the target
-    wm.training_summary["skip_bias_fit"]["argmax_skip_after"]["ffn1"] = 0.3
+    assert WideRuntime(wm, max_batch=1, max_seq=8).ffn_sparsity_hints == [0.5, 0.5]  # the target
+    wm.fitted_rates = FittedRates(attn=[0.65, 0.1], ffn=[0.1, 0.3])
     assert WideRuntime(wm, max_batch=1, max_seq=8).ffn_sparsity_hints == [0.1, 0.3]
+    assert FittedRates.from_training({}, 2) is None and FittedRates.from_training({"skip_bias_fit": {}}, 2) is None
+
+
+def test_fitted_rates_come_from_the_checkpoint(tmp_path):
+    """load_routers reads the threshold fit's per-layer rates into the typed WideModel.fitted_rates."""
+    model, wm = _routed("llama")
+    after = {"attn0": 0.6, "attn1": 0.2, "ffn0": 0.3, "ffn1": 0.4}
+    save_routers(wm, tmp_path, training={"skip_bias_fit": {"argmax_skip_after": after}})
+    wm.detach()
+    loaded = load_routers(model, tmp_path)
+    assert loaded.fitted_rates == FittedRates(attn=[0.6, 0.2], ffn=[0.3, 0.4])
+    rt = WideRuntime(loaded, max_batch=1, max_seq=8)
+    assert rt.attn_sparsity_hints == [0.6, 0.2] and rt.ffn_sparsity_hints == [0.3, 0.4]
+    loaded.detach()
+    save_routers(loaded, tmp_path)  # no fit recorded: no rates, the runtime falls back to the targets
+    assert load_routers(model, tmp_path).fitted_rates is None
 
 
 def test_hints_pick_the_dense_path_at_low_sparsity_and_keep_the_output():
     """FFN / attention hints reach the step configs bucketed (gate/up, Q: dense below mn_dense_below(G, M));
     a prompt past DENSE_M runs through the dense or the sorted GEMM-MN and matches the model either way."""
-    from wide.kernels import mn_dense_below
+    from wide.kernels import mn_dense_below, plan
 
     _, wm = _routed("llama")
     ids = torch.randint(0, 101, (1, 300))  # M 300 > DENSE_M
@@ -236,6 +255,8 @@ def test_hints_pick_the_dense_path_at_low_sparsity_and_keep_the_output():
         st = rt.step_configs[False][0]
         assert st.attn_sparsity_hint == 0.0
         assert (st.ffn_sparsity_hint < mn_dense_below(rt.g_ffn, 300)) == (ffn_hint == 0.0)
+        n_groups = wm.dims.intermediate // rt.g_ffn
+        assert plan(300, rt.g_ffn, n_groups, st.ffn_sparsity_hint).mn == ("dense" if ffn_hint == 0.0 else "sorted")
         torch.testing.assert_close(rt.prefill(ids), ref, rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="ffn_sparsity_hint"):
         WideRuntime(wm, max_batch=1, max_seq=8, ffn_sparsity_hint=[0.1, 0.2, 0.3])

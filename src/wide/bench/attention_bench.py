@@ -104,7 +104,9 @@ def _record(kind, b, key, val, sparsity, dense_ms, wide_ms, baseline, **extra) -
     }
 
 
-def bench_prefill(b: int, t: int, sparsities, dtype=torch.bfloat16) -> list[dict]:
+def bench_prefill(b: int, t: int, sparsities, dtype=torch.bfloat16, config=None) -> list[dict]:
+    """``config``: a prefill launch configuration (BLOCK_M, BLOCK_N, num_warps, num_stages) instead of the
+    kernel's defaults."""
     from wide.kernels.attention import routed_attention_prefill
     from wide.kernels.reorder import reorder
 
@@ -121,9 +123,12 @@ def bench_prefill(b: int, t: int, sparsities, dtype=torch.bfloat16) -> list[dict
     for s in sparsities:
         masks = [torch.rand(b, t, HK, device="cuda") >= s for _ in range(n)]
         routes = [reorder(m) for m in masks]
-        wide = [partial(routed_attention_prefill, q, k, v, m) for q, k, v, m in zip(qs, ks, vs, masks, strict=False)]
+        wide = [
+            partial(routed_attention_prefill, q, k, v, m, config=config)
+            for q, k, v, m in zip(qs, ks, vs, masks, strict=False)
+        ]
         kern = [
-            partial(routed_attention_prefill, q, k, v, m, route=r)
+            partial(routed_attention_prefill, q, k, v, m, route=r, config=config)
             for q, k, v, m, r in zip(qs, ks, vs, masks, routes, strict=False)
         ]
         wide_ms = time_graph(wide)
@@ -142,8 +147,10 @@ def bench_prefill(b: int, t: int, sparsities, dtype=torch.bfloat16) -> list[dict
     return rows
 
 
-def bench_decode(b: int, ctx: int, sparsities, dtype=torch.bfloat16) -> list[dict]:
-    from wide.kernels.attention import routed_attention_decode
+def bench_decode(b: int, ctx: int, sparsities, dtype=torch.bfloat16, config=None, waves=None) -> list[dict]:
+    """``config``: a decode launch configuration (BLOCK_N, num_warps, num_stages) instead of the kernel's
+    defaults; ``waves``: programs per SM the split count aims for (default: the kernel's)."""
+    from wide.kernels.attention import decode_num_splits, routed_attention_decode
 
     n = _copies(b * ctx * 2 * HK * D * 2)
     qs = [torch.randn(b, HQ, D, device="cuda", dtype=dtype) for _ in range(n)]
@@ -157,10 +164,12 @@ def bench_decode(b: int, ctx: int, sparsities, dtype=torch.bfloat16) -> list[dic
         _BASELINE_CACHE[key] = _best(_sdpa_cands(*tr, causal=False))
     baseline, dense_ms, all_dense = _BASELINE_CACHE[key]
     rows = []
+    splits = None if waves is None else decode_num_splits(b, HK, ctx, torch.device("cuda"), waves=waves)
     for s in sparsities:
         masks = [torch.rand(b, HK, device="cuda") >= s for _ in range(n)]
         wide = [
-            partial(routed_attention_decode, q, k, v, lens, m) for q, k, v, m in zip(qs, ks, vs, masks, strict=False)
+            partial(routed_attention_decode, q, k, v, lens, m, num_splits=splits, config=config)
+            for q, k, v, m in zip(qs, ks, vs, masks, strict=False)
         ]
         wide_ms = time_graph(wide)
         real = 1.0 - torch.stack(masks).float().mean().item()
@@ -197,8 +206,6 @@ def run_attention_bench(quick: bool = False) -> list[dict]:
 
 def sweep_configs(out: list | None = None) -> list[dict]:
     """Time launch configurations of the routed kernels (for tuning the defaults)."""
-    import wide.kernels.attention as A
-
     out = [] if out is None else out
     prefill_cfgs = [
         (128, 64, 8, 3),
@@ -209,10 +216,9 @@ def sweep_configs(out: list | None = None) -> list[dict]:
         (64, 64, 4, 3),
     ]
     for cfg in prefill_cfgs:
-        A.PREFILL_CONFIG_OVERRIDE = cfg
         for b, t in ((1, 4096), (1, 16384)):
             try:
-                rows = bench_prefill(b, t, (0.0, 0.5))
+                rows = bench_prefill(b, t, (0.0, 0.5), config=cfg)
             except Exception as e:  # config does not compile / fit
                 out.append({"kind": "sweep_prefill", "cfg": cfg, "T": t, "error": repr(e)[:300]})
                 continue
@@ -220,20 +226,15 @@ def sweep_configs(out: list | None = None) -> list[dict]:
                 keep = ("sparsity", "wide_kernel_ms", "dense_ms", "wide_ms", "reorder_ms", "baseline")
                 out.append({"kind": "sweep_prefill", "cfg": cfg, "T": t, **{x: r[x] for x in keep}})
             print(out[-1], flush=True)
-    A.PREFILL_CONFIG_OVERRIDE = None
     for cfg in [(64, 4, 3), (128, 4, 3), (64, 4, 5), (128, 8, 3)]:
-        A.DECODE_CONFIG_OVERRIDE = cfg
         for waves in (2, 4):
-            A.DECODE_WAVES = waves
             for b, c in ((1, 4096), (16, 4096), (64, 4096), (1, 32768), (16, 32768), (64, 32768)):
                 try:
-                    r = bench_decode(b, c, (0.5,))[0]
+                    r = bench_decode(b, c, (0.5,), config=cfg, waves=waves)[0]
                 except Exception as e:
                     out.append({"kind": "sweep_decode", "cfg": cfg, "error": repr(e)[:300]})
                     continue
                 keep = ("B", "ctx", "wide_ms", "dense_ms", "baseline")
                 out.append({"kind": "sweep_decode", "cfg": cfg, "waves": waves, **{x: r[x] for x in keep}})
             print(out[-1], flush=True)
-    A.DECODE_CONFIG_OVERRIDE = None
-    A.DECODE_WAVES = 3
     return out

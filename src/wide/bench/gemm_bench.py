@@ -7,17 +7,18 @@ come from HBM, as in a model whose layers each have their own); median per call.
 re-timed with every WIDE variant, the replays of the two interleaved. Each sparsity level is autotuned
 afresh on its own masks (``clear_autotune_cache``), as a model deployed at that level is.
 
-The WIDE operators are called as ``wide.runtime`` calls them: for Q and fused gate+up (the first
-operators of their decision) the timing includes ``plan_route(mask)`` — the reorder when the sorted
-path runs, nothing otherwise (the small-M and dense paths read the mask). They get the level the masks
-were drawn at as their ``sparsity_hint``: past M 256 it sends levels too low for the sorted kernel to
-win to cuBLAS ('dense', ``gemm_path``; the full sweep also times the sorted kernel forced there, as
-variant 'sorted', and every record names its ``path``). Q leaves inactive heads unspecified
-(attention skips them); O and down reuse the route and get an input whose inactive groups are 0
-(``x_zeroed``, as routed attention / SwiGLU write it) and the level the masks were drawn at as their
-``sparsity_hint`` (which picks the 'ordered' GEMM-K for O at large M; its row order is computed
-inside the timed call). Extra variants (full sweep, 50%) show the
-forced paths and GEMM-K on an input that is not pre-zeroed. At decode-sized M the calls cycle over
+The WIDE operators are called as ``wide.runtime`` calls them: each decision is planned with
+``wide.kernels.plan`` from M, the group size, the number of groups and the level the masks were drawn at
+(the expected sparsity, as a deployment knows its routers'); for Q and fused gate+up (the first
+operators of their decision) the timing includes ``plan_route(mask, plan)`` — the reorder when the
+plan's GEMM-MN is sorted, nothing otherwise (the small and dense paths read the mask). Past M 256 the
+plan sends levels too low for the sorted kernel to win to cuBLAS ('dense'; the full sweep also times
+the sorted kernel forced there, as variant 'sorted', and every record names its ``path``). Q leaves
+inactive heads unspecified (attention skips them); O and down reuse the route and get an input whose
+inactive groups are 0 (``x_zeroed``, as routed attention / SwiGLU write it); the plan picks the
+'ordered' GEMM-K for O at large M (its row order is computed inside the timed call). Extra variants
+(full sweep, 50%) force the other paths (``plan(..., force_mn=...)`` / ``force_k``), GEMM-K on an input
+that is not pre-zeroed. At decode-sized M the calls cycle over
 DECODE_MASK_DRAWS masks (a single M-token mask of a few groups strays far from its level).
 """
 
@@ -33,10 +34,10 @@ import torch.nn.functional as F
 from wide.bench.timing import copies_for
 from wide.bench.timing import time_calls as time_graph  # module names: the CPU test replaces them
 from wide.bench.timing import time_together as time_variants
-from wide.kernels import clear_autotune_cache
-from wide.kernels._triton_utils import DENSE_M, SMALL_M, gemm_path
-from wide.kernels.gemm_k import ORDERED_MAX_GROUPS, routed_gemm_k
+from wide.kernels import Plan, clear_autotune_cache, plan
+from wide.kernels.gemm_k import routed_gemm_k
 from wide.kernels.gemm_mn import routed_gemm_mn, routed_swiglu
+from wide.kernels.plan import DENSE_M, ORDERED_MAX_GROUPS, SMALL_M
 from wide.kernels.reference import (
     _active_groups,
     fixed_count_mask,
@@ -63,20 +64,20 @@ def _mask(m: int, ng: int, sparsity: float, gen: torch.Generator | None, device:
     return torch.rand(m, ng, device=device, generator=gen) >= sparsity
 
 
-def _variants(kind: str, m: int, sp: float, extra: bool, g: int) -> list[str]:
+def _variants(kind: str, m: int, sp: float, extra: bool, g: int, ng: int) -> list[str]:
     """'auto' plus, in the full sweep, the forced paths worth comparing at this M: at 50% the other
-    paths; where the hint sends a GEMM-MN past DENSE_M to cuBLAS, the sorted kernel it passed over."""
+    paths; where the plan sends a GEMM-MN past DENSE_M to cuBLAS, the sorted kernel it passed over."""
     out = ["auto"]
-    if extra and kind != "gemm_k" and m > DENSE_M and gemm_path(m, "auto", g, sp) != "sorted":
+    if extra and kind != "gemm_k" and m > DENSE_M and plan(m, g, ng, sp).mn != "sorted":
         out.append("sorted")
     if not extra or sp != 0.5:
         return out
     if kind == "gemm_k":
-        out.append("masked_dense")  # x not pre-zeroed: one zeroing pass + cuBLAS
+        out.append("dense")  # x not pre-zeroed: one zeroing pass + cuBLAS
         if m >= 1024:
-            out += ["stationary", "atomic", "ordered"]
+            out.append("ordered")
         if m <= 16:
-            out += ["stationary", "small"]
+            out.append("small")
     else:
         if m <= 16:
             out.append("dense")
@@ -85,16 +86,24 @@ def _variants(kind: str, m: int, sp: float, extra: bool, g: int) -> list[str]:
     return out
 
 
-def _op_call(kind: str, variant: str, x, w, w2, g: int, xz, sparsity: float) -> Callable:
-    """The WIDE call of one operator on one input copy, as a function of the route."""
-    # the hint: the level the masks were drawn at, as a deployment knows its routers'
+def _plan_of(kind: str, variant: str, m: int, g: int, ng: int, sparsity: float) -> Plan:
+    """The decision's plan: the expected sparsity is the level the masks were drawn at, as a deployment
+    knows its routers'; a variant other than 'auto' forces the operator's path."""
+    forced = None if variant == "auto" else variant
+    if kind == "gemm_k":
+        return plan(m, g, ng, sparsity, force_k=forced)
+    return plan(m, g, ng, sparsity, force_mn=forced)
+
+
+def _op_call(kind: str, variant: str, x, w, w2, g: int, xz) -> Callable:
+    """The WIDE call of one operator on one input copy, as a function of the route (which carries the plan)."""
     if kind == "gemm_mn":
-        return lambda r: routed_gemm_mn(x, w, r, g, zero_inactive=False, path=variant, sparsity_hint=sparsity)
+        return lambda r: routed_gemm_mn(x, w, r, g, zero_inactive=False)
     if kind == "gemm_mn_swiglu":
-        return lambda r: routed_swiglu(x, w, w2, r, g, path=variant, sparsity_hint=sparsity)
+        return lambda r: routed_swiglu(x, w, w2, r, g)
     if variant == "auto":
-        return lambda r: routed_gemm_k(xz, w, r, g, x_zeroed=True, sparsity_hint=sparsity)
-    return lambda r: routed_gemm_k(x, w, r, g, algo=variant)
+        return lambda r: routed_gemm_k(xz, w, r, g, x_zeroed=True)
+    return lambda r: routed_gemm_k(x, w, r, g)
 
 
 def _dense_call(kind: str, x, w, w2) -> Callable:
@@ -144,14 +153,12 @@ def bench_op(
             # O / down get the producer's zeros in the inactive groups
             xzs = [x * mk.repeat_interleave(g, dim=1).to(dt) if kind == "gemm_k" else x for x, mk in zip(xs_c, masks)]
             active = torch.stack(masks).float().mean().item()
-            for variant in variants or _variants(kind, m, sp, extra_variants, g):
-                if variant in ("sorted", "stationary", "atomic"):
-                    build, build_name = reorder, "reorder"
-                elif variant == "dense":  # the dense path reads the mask alone (a hint of 0 plans just that)
-                    build, build_name = partial(plan_route, group_size=g, sparsity_hint=0.0), "plan_route"
-                else:  # as the runtime plans it: the reorder only if the GEMM-MN will take the sorted path
-                    build, build_name = partial(plan_route, group_size=g, sparsity_hint=sp), "plan_route"
-                ops = [_op_call(kind, variant, x, w, w2, g, xz, sp) for x, w, w2, xz in zip(xs_c, ws_c, w2s_c, xzs)]
+            for variant in variants or _variants(kind, m, sp, extra_variants, g, ng):
+                p = _plan_of(kind, variant, m, g, ng, sp)
+                # as the runtime builds it: the reorder only if the plan's GEMM-MN takes the sorted path
+                build = partial(plan_route, plan=p)
+                build_name = "reorder" if variant == "sorted" else "plan_route"  # the forced sorted kernel
+                ops = [_op_call(kind, variant, x, w, w2, g, xz) for x, w, w2, xz in zip(xs_c, ws_c, w2s_c, xzs)]
                 routes = [build(mk) for mk in masks]
                 timed = [dense_fns, [partial(op, r) for op, r in zip(ops, routes)]]
                 if with_route:
@@ -171,7 +178,7 @@ def bench_op(
                         variant=variant,
                         route_included=with_route,
                         route_build=build_name,
-                        path=gemm_path(m, variant, g, sp) if kind != "gemm_k" else None,
+                        path=p.mn if kind != "gemm_k" else p.k,
                         copies=nc,
                         mask_draws=draws,
                         dense_ms=dense_ms,
@@ -247,7 +254,7 @@ def bench_gather_scatter(sizes, gen, group_size: int = 128, sparsity: float = 0.
         ng = s // group_size
         mask = fixed_count_mask(s, ng, int(round(ng * (1 - sparsity))), device="cuda", generator=None)
         groups = _active_groups(mask)
-        route = reorder(mask)
+        route = plan_route(mask, plan(s, group_size, ng))  # no expected sparsity given
         dense_ms, dense_peak = _peak(lambda: F.linear(a, b))
         for axis in ("n", "k"):
             need = (1 - sparsity) * s**3 * 2 * (2 if axis == "k" else 1)

@@ -1,8 +1,9 @@
 """Routed kernels (Triton) with torch references.
 
-One `plan_route(mask, group_size, sparsity_hint)` per routing decision (the `reorder` index when the
-GEMM-MN takes the sorted path — M > DENSE_M and enough expected sparsity, `gemm_path` — else the mask
-alone: the small-M and dense paths read the mask) gives a RouteIndex shared by the operators of that decision:
+Per routing decision: ``plan(m, group_size, n_groups, sparsity)`` decides the path of each operator
+(``wide.kernels.plan``, the one policy), ``plan_route(mask, plan)`` builds the route that carries it (the
+``reorder`` index only when the GEMM-MN takes the sorted path), and the operators of the decision share
+that route and read its plan:
   attention: routed_gemm_mn (Q) -> routed_attention_prefill / _decode -> routed_gemm_k (O)
   FFN:       routed_swiglu (gate+up, fused) -> routed_gemm_k (down)
 The decisions themselves: router_margin / router_decisions, the one decision rule (docs/routing.md).
@@ -10,11 +11,11 @@ Every op is a `torch.library` custom op in the `wide::` namespace (torch.compile
 host syncs); on CPU tensors the torch reference runs unless TRITON_INTERPRET=1.
 """
 
-from wide.kernels._triton_utils import gemm_path, mn_dense_below, mn_dense_thresholds
 from wide.kernels.attention import decode_num_splits, routed_attention_decode, routed_attention_prefill
 from wide.kernels.attention_reference import attention_decode_ref, attention_prefill_ref
-from wide.kernels.gemm_k import routed_gemm_k, sparsity_bucket
+from wide.kernels.gemm_k import routed_gemm_k
 from wide.kernels.gemm_mn import routed_gemm_mn, routed_swiglu
+from wide.kernels.plan import K_PATHS, MN_PATHS, Plan, mn_dense_below, mn_dense_thresholds, plan, sparsity_bucket
 from wide.kernels.reference import (
     gather_scatter_gemm_k,
     gather_scatter_gemm_n,
@@ -58,6 +59,9 @@ def clear_autotune_cache() -> None:
 
 
 __all__ = [
+    "K_PATHS",
+    "MN_PATHS",
+    "Plan",
     "RouteIndex",
     "clear_autotune_cache",
     "attention_decode_ref",
@@ -65,11 +69,11 @@ __all__ = [
     "decode_num_splits",
     "gather_scatter_gemm_k",
     "gather_scatter_gemm_n",
-    "gemm_path",
     "has_index",
     "mn_dense_below",
     "mn_dense_thresholds",
     "pattern_order",
+    "plan",
     "plan_route",
     "reorder",
     "reorder_reference",

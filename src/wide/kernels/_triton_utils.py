@@ -11,6 +11,8 @@ import os
 
 import torch
 
+from .plan import SMALL_M  # noqa: F401  (the policy's threshold; router.py imports it from here)
+
 try:  # Triton is optional on CPU-only installs
     import triton
     import triton.language as tl
@@ -79,9 +81,9 @@ def pdl_launch(t: torch.Tensor) -> dict:
 
     A kernel launched with PDL may be scheduled as soon as its predecessor's programs have exited,
     before that kernel's completion is processed; it then waits (``pdl_begin``, its first statement)
-    until the predecessor's writes are visible. H200, decode kernels back to back in a CUDA graph:
-    0.2-1.0 µs less per call (bench/results/experiments/pdl-h200.json). Off in the interpreter, below
-    sm_90 and with ``WIDE_PDL=0``. Returns ``{"PDL": bool}`` plus ``launch_pdl=True`` when on.
+    until the predecessor's writes are visible, which shortens back-to-back decode kernels in a CUDA
+    graph (docs/kernels.md#pdl). Off in the interpreter, below sm_90 and with ``WIDE_PDL=0``. Returns
+    ``{"PDL": bool}`` plus ``launch_pdl=True`` when on.
     """
     on = (
         HAS_GDC
@@ -138,7 +140,7 @@ if HAS_TRITON:
     @triton.jit
     def pdl_begin(PDL: tl.constexpr):
         """A PDL-launched kernel's first statement: wait until the previous kernel has completed and its
-        writes are visible. (No early trigger of the next kernel: measured slower, pdl-h200.json.)"""
+        writes are visible. (No early trigger of the next kernel: it measured slower, docs/kernels.md#pdl.)"""
         if PDL:
             gdc_wait()
 
@@ -157,65 +159,3 @@ if HAS_TRITON:
         v = d.load([0, 0])
         o = tl.arange(0, B)
         tl.store(y_ptr + o[:, None] * C + o[None, :], v)
-
-
-# Token-count regimes of the routed GEMMs (see gemm_mn / gemm_k):
-SMALL_M = 16  # M <= SMALL_M (decode): mask-reading kernels skip the weight tiles no token runs
-# GEMM-K (O, down) takes its small path only up to SMALL_M_K tokens: past that, i.i.d. decisions leave
-# almost no group unused by the whole batch (1 - p^M), and the H200 run measured the small path at
-# 0.48-0.96x of cuBLAS at M = 16 (bench/results/kernels-h200.md); the dense path (cuBLAS over the
-# producer's zeros) costs nothing extra there.
-SMALL_M_K = 4
-DENSE_M = 256  # SMALL_M < M <= DENSE_M: every group has an active token, so cuBLAS + masked epilogue
-PATHS = ("auto", "small", "dense", "sorted")
-# M > DENSE_M: the sorted GEMM-MN kernel wins over cuBLAS + the masked epilogue ('dense') only once enough
-# is skipped. Forced on the H200 (both paths over low sparsities: bench/results/mn-dense-threshold-h200.json,
-# scripts/mn_dense_threshold.py; at 0% and 50%: the 'sorted' records of kernels-h200.json; Llama-3.1-8B
-# shapes): at 0% it runs at 0.86-0.93x of cuBLAS per useful FLOP for groups of >= 128 columns and ~0.6x for
-# 32- and 64-column groups (narrow tiles); Q (G 512, 8 groups) at M <= 2048 also loses whole waves
-# (0.91-0.93x at 50%) and at M 4096 gains only once its tiles drop a wave of the H200's 132 SMs. Per group
-# size, (M below which, threshold) bands: the expected sparsity below which 'dense' serves M > DENSE_M.
-MN_DENSE_BELOW = (
-    (256, ((2048, 0.55), (8192, 0.22), (None, 0.12))),
-    (128, ((None, 0.13),)),
-    (0, ((2048, 0.55), (None, 0.45))),
-)
-
-
-def _mn_bands(group_size: int) -> tuple:
-    return next(bands for g_min, bands in MN_DENSE_BELOW if group_size >= g_min)
-
-
-def mn_dense_below(group_size: int, m: int) -> float:
-    """The expected sparsity below which a routed GEMM-MN of this group size runs dense at M > DENSE_M."""
-    return next(s for m_max, s in _mn_bands(group_size) if m_max is None or m < m_max)
-
-
-def mn_dense_thresholds(group_size: int) -> tuple[float, ...]:
-    """Every ``mn_dense_below`` value of this group size (any M): what a hint bucket must preserve."""
-    return tuple(s for _, s in _mn_bands(group_size))
-
-
-def check_sparsity_hint(hint: float | None) -> None:
-    """A routed GEMM's ``sparsity_hint`` is None or a fraction."""
-    if hint is not None and not 0.0 <= hint <= 1.0:
-        raise ValueError(f"sparsity_hint must lie in [0, 1], got {hint}")
-
-
-def gemm_path(m: int, path: str = "auto", group_size: int | None = None, sparsity_hint: float | None = None) -> str:
-    """The routed GEMM-MN path for M tokens: 'small' | 'dense' | 'sorted' (``path`` forces one).
-
-    'auto': 'small' at M <= SMALL_M, 'dense' up to DENSE_M, beyond it 'sorted' unless the caller's
-    ``sparsity_hint`` (the fraction of groups it expects skipped) is below ``mn_dense_below(group_size, M)``.
-    Never reads the mask (no host sync)."""
-    if path not in PATHS:
-        raise ValueError(f"unknown path {path!r}; choose from {PATHS}")
-    if path != "auto":
-        return path
-    if m <= SMALL_M:
-        return "small"
-    if m <= DENSE_M:
-        return "dense"
-    if sparsity_hint is not None and group_size is not None and sparsity_hint < mn_dense_below(group_size, m):
-        return "dense"
-    return "sorted"

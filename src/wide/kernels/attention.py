@@ -9,41 +9,36 @@ group. Tiles whose first slot is past the active count only write zeros for thei
 so no separate zero-fill runs. Tiles are launched from the last (heaviest under causality) first.
 
 Decode: split-KV flash-decoding, one program per (b, g, split); an inactive (b, g) reads no KV. A
-small reduce kernel combines the splits by log-sum-exp (skipped when there is one split). Merging
-inside the split kernel instead (the last split of a group merges, as the decode GEMMs reduce) measured
-slower on the H200: B 1, ctx 32,768 at 50%, 0.028 ms against 0.021 ms with the reduce kernel in the same
-run (bench/results/experiments/decode-balanced-h200.json, commit 33425f0): the merging program reads the
-NS x HPG partials after its own split, where the reduce kernel spreads them over B*Hq programs.
+small reduce kernel combines the splits by log-sum-exp (skipped when there is one split): it spreads the
+NS x HPG partials over B*Hq programs, where merging inside the split kernel (the last split of a group
+merges) reads them in one program after its own split (slower: docs/kernels.md#split-k-at-decode).
 
-Dispatch: Triton on CUDA; on CPU Triton's interpreter when TRITON_INTERPRET=1 at import, else the
-torch reference. Both ops are `torch.library` ops (`wide::attn_prefill`, `wide::attn_decode`), free of
-host syncs, so they run under torch.compile and CUDA-graph capture.
+Dispatch (``_triton_utils.use_triton``, shared with the GEMMs): Triton on CUDA; on CPU Triton's
+interpreter when TRITON_INTERPRET=1 at import, else the torch reference. Both ops are `torch.library`
+ops (`wide::attn_prefill`, `wide::attn_decode`), free of host syncs, so they run under torch.compile and
+CUDA-graph capture.
 """
 
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 
+from wide.kernels._triton_utils import HAS_TRITON, interpret_mode, next_pow2, use_triton
 from wide.kernels.attention_reference import (
     attention_decode_ref,
     attention_decode_sdpa,
     attention_prefill_ref,
     attention_prefill_sdpa,
 )
-from wide.kernels.reorder import RouteIndex, has_index, reorder_reference
+from wide.kernels.reorder import RouteIndex, has_index, reorder, reorder_reference
 
-try:
+if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    HAS_TRITON = True
-except ImportError:  # pragma: no cover - CPU installs without triton
-    HAS_TRITON = False
-
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+_INTERPRET = interpret_mode()  # read once, at import, as Triton reads it when it decorates the kernels
 _HEAD_DIMS = (16, 32, 64, 128, 256)
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _LOG2E = 1.4426950408889634
@@ -56,18 +51,7 @@ __all__ = [
     "decode_num_splits",
 ]
 
-# Optional launch-config overrides (benchmark sweeps): (BLOCK_M, BLOCK_N, num_warps, num_stages).
-PREFILL_CONFIG_OVERRIDE: tuple[int, int, int, int] | None = None
-DECODE_CONFIG_OVERRIDE: tuple[int, int, int] | None = None  # (BLOCK_N, num_warps, num_stages)
-DECODE_WAVES = 3  # decode programs per SM the split count aims for
-
-
-def _use_triton(t: torch.Tensor) -> bool:
-    return HAS_TRITON and (t.is_cuda or _INTERPRET)
-
-
-def _next_pow2(x: int) -> int:
-    return 1 << max(0, (x - 1).bit_length())
+DECODE_WAVES = 3  # decode programs per SM the split count aims for (default of ``decode_num_splits``)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -279,55 +263,59 @@ def _check_decode(q, k_cache, v_cache, cache_lens, mask) -> None:
 
 
 def _prefill_config(
-    hpg: int, d: int, tk: int, interpret: bool, programs_128: int = 1 << 30
+    hpg: int, d: int, tk: int, interpret: bool, programs_128: int = 1 << 30, config: list[int] | None = None
 ) -> tuple[int, int, int, int]:
-    """(BLOCK_M stacked rows, BLOCK_N, num_warps, num_stages); ``programs_128``: grid size at BLOCK_M 128."""
-    if PREFILL_CONFIG_OVERRIDE is not None:
-        bm, bn, w, s = PREFILL_CONFIG_OVERRIDE
+    """(BLOCK_M stacked rows, BLOCK_N, num_warps, num_stages); ``programs_128``: grid size at BLOCK_M 128;
+    ``config``: the caller's (BLOCK_M, BLOCK_N, num_warps, num_stages) instead of the defaults."""
+    if config is not None:
+        bm, bn, w, s = config
     elif interpret:
         bm, bn, w, s = 32, 16, 4, 1
     elif d <= 64:
         bm, bn, w, s = 128, 64, 4, 3
-    elif d == 128:  # H200 sweeps: BLOCK_N 128 wins at Tk 16k, 64 at 4k; small grids want 64-row tiles
+    elif d == 128:  # long keys want BLOCK_N 128, shorter 64; small grids want 64-row tiles (more programs)
         if tk >= 8192:
             bm, bn, w, s = 128, 128, 8, 3
-        elif programs_128 <= 2048:  # B 1, T 4096: 1.64x vs 1.58x (decode-variants-h200.json)
+        elif programs_128 <= 2048:
             bm, bn, w, s = 64, 64, 4, 3
         else:
             bm, bn, w, s = 128, 64, 8, 3
     else:
         bm, bn, w, s = 64, 32, 4, 2
-    return max(bm, _next_pow2(hpg)), bn, w, s
+    return max(bm, next_pow2(hpg)), bn, w, s
 
 
-def _decode_config(d: int, interpret: bool) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages)."""
-    if DECODE_CONFIG_OVERRIDE is not None:
-        return DECODE_CONFIG_OVERRIDE
+def _decode_config(d: int, interpret: bool, config: list[int] | None = None) -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages); ``config``: the caller's instead of the defaults."""
+    if config is not None:
+        bn, w, s = config
+        return bn, w, s
     if interpret:
         return 16, 4, 1
-    return (128, 8, 3) if d >= 128 else (128, 4, 3)  # H200 sweep (Llama shapes)
+    return (128, 8, 3) if d >= 128 else (128, 4, 3)  # tuned on Llama shapes (docs/kernels.md#measuring)
 
 
-def decode_num_splits(batch: int, hk: int, seq: int, device: torch.device | None = None) -> int:
-    """Static split count (shapes only, no host sync): ~DECODE_WAVES programs per SM, >= 256 keys each."""
+def decode_num_splits(
+    batch: int, hk: int, seq: int, device: torch.device | None = None, waves: int = DECODE_WAVES
+) -> int:
+    """Static split count (shapes only, no host sync): ~``waves`` programs per SM, >= 256 keys each."""
     sms = 132
     if device is not None and device.type == "cuda":
         sms = torch.cuda.get_device_properties(device).multi_processor_count
-    want = -(-DECODE_WAVES * sms // max(1, batch * hk))
+    want = -(-waves * sms // max(1, batch * hk))
     return int(max(1, min(want, seq // 256, 64)))
 
 
 # --------------------------------------------------------------------------------------------------
 # Custom ops
 # --------------------------------------------------------------------------------------------------
-def _prefill_impl(q, k, v, idx, count, batch_start, batch_count, sm_scale: float, causal: bool, mask):
+def _prefill_impl(q, k, v, idx, count, batch_start, batch_count, sm_scale: float, causal: bool, mask, config):
     bsz, tq, hq, d = q.shape
     tk, hk = k.shape[1], k.shape[2]
     hpg = hq // hk
     o = torch.empty_like(q)
     programs_128 = bsz * hk * triton.cdiv(tq * hpg, 128)
-    bm, bn, nw, ns = _prefill_config(hpg, d, tk, not q.is_cuda, programs_128)
+    bm, bn, nw, ns = _prefill_config(hpg, d, tk, not q.is_cuda, programs_128, config)
     tpt = bm // hpg  # token slots per tile
     grid = (bsz * hk, triton.cdiv(tq, tpt))
     prec = "ieee" if q.dtype == torch.float32 else None
@@ -342,12 +330,12 @@ def _prefill_impl(q, k, v, idx, count, batch_start, batch_count, sm_scale: float
     return o
 
 
-def _decode_impl(q, k_cache, v_cache, cache_lens, mask, sm_scale: float, num_splits: int):
+def _decode_impl(q, k_cache, v_cache, cache_lens, mask, sm_scale: float, num_splits: int, config):
     bsz, hq, d = q.shape
     hk = k_cache.shape[2]
     hpg = hq // hk
     o = torch.empty_like(q)
-    bn, nw, ns = _decode_config(d, not q.is_cuda)
+    bn, nw, ns = _decode_config(d, not q.is_cuda, config)
     prec = "ieee" if q.dtype == torch.float32 else None
     if num_splits > 1:
         op = torch.empty((bsz, hq, num_splits, d), dtype=torch.float32, device=q.device)
@@ -359,13 +347,13 @@ def _decode_impl(q, k_cache, v_cache, cache_lens, mask, sm_scale: float, num_spl
         sm_scale * _LOG2E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), o.stride(0), o.stride(1),
-        HK=hk, HPG=hpg, HPG_P=max(16, _next_pow2(hpg)), HEAD_D=d,
+        HK=hk, HPG=hpg, HPG_P=max(16, next_pow2(hpg)), HEAD_D=d,
         BLOCK_N=bn, NUM_SPLITS=num_splits, PREC=prec, num_warps=nw, num_stages=ns,
     )  # fmt: skip
     if num_splits > 1:
         _launch(_decode_reduce_kernel, (bsz * hq,))(
             op, lse, mask, o, o.stride(0), o.stride(1),
-            HQ=hq, HPG=hpg, HEAD_D=d, NUM_SPLITS=num_splits, NS_P=_next_pow2(num_splits), num_warps=4,
+            HQ=hq, HPG=hpg, HEAD_D=d, NUM_SPLITS=num_splits, NS_P=next_pow2(num_splits), num_warps=4,
         )  # fmt: skip
     return o
 
@@ -404,9 +392,10 @@ def _define_ops():
         batch_count: torch.Tensor,
         sm_scale: float,
         causal: bool,
+        config: list[int] | None,
     ) -> torch.Tensor:
-        if _use_triton(q):
-            return _prefill_impl(q, k, v, idx, count, batch_start, batch_count, sm_scale, causal, mask)
+        if use_triton(q):
+            return _prefill_impl(q, k, v, idx, count, batch_start, batch_count, sm_scale, causal, mask, config)
         return attention_prefill_sdpa(q, k, v, mask, sm_scale, causal)
 
     def attn_decode(
@@ -417,11 +406,10 @@ def _define_ops():
         mask: torch.Tensor,
         sm_scale: float,
         num_splits: int,
+        config: list[int] | None,
     ) -> torch.Tensor:
-        if _use_triton(q):
-            return _decode_impl(
-                q, k_cache, v_cache, cache_lens, mask, sm_scale, num_splits
-            )  # bool: no dtype view (inductor)
+        if use_triton(q):  # bool mask: no dtype view (inductor)
+            return _decode_impl(q, k_cache, v_cache, cache_lens, mask, sm_scale, num_splits, config)
         return attention_decode_sdpa(q, k_cache, v_cache, cache_lens, mask, sm_scale)
 
     if _HAS_TRITON_OP and HAS_TRITON and not _INTERPRET:
@@ -449,13 +437,7 @@ def _scale(d: int, sm_scale: float | None) -> float:
 
 
 def _compute_route(mask: torch.Tensor) -> RouteIndex:
-    if mask.is_cuda:
-        try:
-            from wide.kernels.reorder import reorder
-        except ImportError:  # Triton reorder not there yet
-            return reorder_reference(mask)
-        return reorder(mask)
-    return reorder_reference(mask)
+    return reorder(mask) if mask.is_cuda else reorder_reference(mask)
 
 
 def routed_attention_prefill(
@@ -467,20 +449,26 @@ def routed_attention_prefill(
     route: RouteIndex | None = None,
     sm_scale: float | None = None,
     causal: bool = True,
+    config: tuple[int, int, int, int] | None = None,
 ) -> torch.Tensor:
     """Routed causal/full attention for prefill.
 
     q [B,Tq,Hq,d], k/v [B,Tk,Hk,d], mask [B,Tq,Hk] bool (True = execute) -> o [B,Tq,Hq,d];
     skipped (b, t, g) rows are 0. Causal is bottom-right aligned (query t at Tk - Tq + t).
-    `route` is `reorder(mask)` (or `plan_route(mask)`), shared with the Q/O projections of the decision.
+    `route`: the decision's route (`plan_route(mask, plan)`, shared with the Q/O projections); its index
+    is used where its plan reordered (`route.plan.reorder`), else the kernel's index is computed here
+    (also for `route=None`; a plan-less `reorder(mask)` route is used as it is). ``config``: a launch
+    configuration (BLOCK_M, BLOCK_N, num_warps, num_stages) instead of the defaults (benchmark sweeps).
     """
     _check_prefill(q, k, v, mask)
-    if route is None or not has_index(route):  # plan_route leaves small M without an index
+    indexed = route is not None and (route.plan.reorder if route.plan is not None else has_index(route))
+    if not indexed:
         route = _compute_route(mask)
     scale = _scale(q.shape[-1], sm_scale)
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     idx, count, bstart, bcount = (x.to(torch.int32).contiguous() for x in tuple(route)[:4])
-    return _attn_prefill_op(q, k, v, mask, idx, count, bstart, bcount, scale, bool(causal))
+    cfg = None if config is None else [int(c) for c in config]
+    return _attn_prefill_op(q, k, v, mask, idx, count, bstart, bcount, scale, bool(causal), cfg)
 
 
 def routed_attention_decode(
@@ -492,11 +480,14 @@ def routed_attention_decode(
     *,
     sm_scale: float | None = None,
     num_splits: int | None = None,
+    config: tuple[int, int, int] | None = None,
 ) -> torch.Tensor:
     """Routed single-token decode (split-KV flash-decoding).
 
     q [B,Hq,d], k_cache/v_cache [B,S,Hk,d], cache_lens [B] int (attend to positions < len),
     mask [B,Hk] bool (True = execute) -> o [B,Hq,d]; skipped groups are 0 and read no KV.
+    ``num_splits``: default ``decode_num_splits``; ``config``: a launch configuration (BLOCK_N, num_warps,
+    num_stages) instead of the defaults (benchmark sweeps).
     """
     _check_decode(q, k_cache, v_cache, cache_lens, mask)
     bsz, s_max, hk = k_cache.shape[0], k_cache.shape[1], k_cache.shape[2]
@@ -507,4 +498,5 @@ def routed_attention_decode(
     scale = _scale(q.shape[-1], sm_scale)
     q, k_cache, v_cache = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k_cache, v_cache))
     lens = cache_lens.to(torch.int32).contiguous()
-    return _attn_decode_op(q, k_cache, v_cache, lens, mask.contiguous(), scale, int(num_splits))
+    cfg = None if config is None else [int(c) for c in config]
+    return _attn_decode_op(q, k_cache, v_cache, lens, mask.contiguous(), scale, int(num_splits), cfg)

@@ -1,4 +1,4 @@
-"""Routed GEMMs where routing cannot skip weight reads (SMALL_M < M <= DENSE_M, or opted in).
+"""Routed GEMMs where routing cannot skip weight reads: the plan's 'dense' paths (docs/kernels.md#path-policy).
 
 With a few dozen to a few hundred tokens and per-token random decisions, every group has an active
 token, so each weight tile must be read anyway: cuBLAS runs the GEMMs and the routing mask is
@@ -7,8 +7,8 @@ applied where it costs nothing extra.
 * GEMM-MN: ``F.linear``; inactive entries are zeroed in place only when asked (``zero``).
 * SwiGLU: two ``F.linear`` + one fused Triton epilogue ``silu(g) * u * mask`` (one pass; plain
   PyTorch needs two for ``silu(g) * u``), one program per (row, 1,024 columns), the group size a
-  compile-time constant (an earlier flat-index version divided 64-bit indices per element and ran at
-  0.92x of cuBLAS + PyTorch for gate/up G 32, M 256, 50% in kernels-h200.json).
+  compile-time constant (a flat-index version divides 64-bit indices per element and ran slower than
+  cuBLAS + PyTorch).
 * GEMM-K: ``x`` with its inactive groups zeroed, then ``F.linear``; when the producer already wrote
   zeros there (``x_zeroed``: routed SwiGLU / routed attention outputs) it is a plain cuBLAS GEMM.
 """

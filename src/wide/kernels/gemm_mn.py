@@ -13,11 +13,9 @@ reads its weight slice only when some token of the batch uses the group.
 ``zero_inactive=False`` leaves the output of inactive (row, group) pairs unspecified (uninitialised
 memory, or the dense value on the 'dense' path): use it only when a consumer ignores those entries.
 
-This sorted kernel serves M > DENSE_M. ``path='auto'`` sends decode-sized M (<= SMALL_M) to
-``small_m`` (reads the mask, no reorder needed) and SMALL_M < M <= DENSE_M to ``dense_mid`` (cuBLAS:
-routing cannot skip weight reads there); beyond DENSE_M it sends a caller whose ``sparsity_hint`` is
-below ``mn_dense_below(group_size, M)`` to ``dense_mid`` as well (the sorted kernel, at ~0.9x / ~0.6x of
-cuBLAS per useful FLOP for groups of >= 128 / <= 64 columns, would lose to cuBLAS at that sparsity).
+This sorted kernel is the route plan's 'sorted' path (``route.plan.mn``, decided by ``wide.kernels.plan``;
+docs/kernels.md#path-policy); 'small' runs ``small_m`` (decode-sized M: reads the mask, no reorder) and
+'dense' runs ``dense_mid`` (cuBLAS + a masked epilogue).
 """
 
 from __future__ import annotations
@@ -26,17 +24,15 @@ import torch
 
 from ._triton_utils import (
     HAS_TRITON,
-    SMALL_M,
     autotune_subset,
     check_dtype,
-    check_sparsity_hint,
-    gemm_path,
     largest_pow2_divisor,
     m_bucket,
     tma_supported,
     use_triton,
 )
 from .dense_mid import dense_gemm_mn, dense_swiglu
+from .plan import SMALL_M, Plan
 from .reference import routed_gemm_mn_ref, routed_swiglu_ref
 from .reorder import RouteIndex, has_index, route_mask
 from .small_m import small_gemm_mn
@@ -83,8 +79,8 @@ if HAS_TRITON:
         _cfg(128, 256, 64, 3, 8, tma=True),
         _cfg(128, 128, 64, 4, 8, tma=True),
         _cfg(128, 32, 64, 4, 4, tma=True),
-        # H200 sweep (decode-variants-h200.json, M 4096, 50%): the best Q tile; half-height m-tiles
-        # halve the idle rows of each group's last tile and fill the last wave better
+        # half-height m-tiles halve the idle rows of each group's last tile and fill the last wave
+        # better (Q's shape)
         _cfg(64, 256, 64, 4, 8, tma=True),
     ]
     _SETS = ((16, _SMALL), (256, _MID), (1 << 30, _LARGE))
@@ -265,20 +261,19 @@ def _route_of(idx: torch.Tensor, count: torch.Tensor, mask: torch.Tensor) -> Rou
     return RouteIndex(idx, count, e, e, mask)
 
 
-def resolve_path(
-    m: int, route: RouteIndex, path: str, group_size: int | None = None, sparsity_hint: float | None = None
-) -> str:
-    """The path a routed GEMM-MN takes for M tokens (``gemm_path``), checked against the route."""
-    check_sparsity_hint(sparsity_hint)
-    path = gemm_path(m, path, group_size, sparsity_hint)
-    if path == "small" and m > SMALL_M:
-        raise ValueError(f"path 'small' serves M <= {SMALL_M}, got M={m}")
-    if path == "sorted" and not has_index(route):
-        raise ValueError(
-            "path 'sorted' needs the reorder index: pass reorder(mask) or plan_route(mask) built with the "
-            "same sparsity_hint and group_size"
-        )
-    return path
+def route_plan(route: RouteIndex, m: int) -> Plan:
+    """The plan a route carries (``plan_route(mask, plan(...))``), checked against the route: a route
+    without a plan, a sorted GEMM-MN without the reorder index, a small path past SMALL_M tokens are
+    ValueErrors (M: the operator's token count). The operators take their path from it and decide nothing
+    themselves."""
+    p = route.plan
+    if p is None:
+        raise ValueError("route has no plan: build it with plan_route(mask, plan(m, group_size, n_groups, sparsity))")
+    if p.mn == "sorted" and not has_index(route):
+        raise ValueError(f"{p}: the sorted GEMM-MN needs the reorder index; build the route with plan_route")
+    if "small" in (p.mn, p.k) and m > SMALL_M:
+        raise ValueError(f"{p}: the small paths serve M <= {SMALL_M}, got M={m}")
+    return p
 
 
 def _dispatch_mn(x, w, w2, idx, count, mask, g: int, zero: bool, path: str) -> torch.Tensor:
@@ -339,19 +334,15 @@ def routed_gemm_mn(
     group_size: int,
     *,
     zero_inactive: bool = True,
-    path: str = "auto",
-    sparsity_hint: float | None = None,
 ) -> torch.Tensor:
     """N-axis routed projection: ``y[m, n] = x[m]·w[n]`` if m is active in group ``n // group_size``.
 
     x: [M, K], w: [N, K] -> y: [M, N]. Inactive entries are 0 (``zero_inactive``) or unspecified.
-    ``path``: 'auto' (by M: 'small' <= SMALL_M < 'dense' <= DENSE_M < 'sorted') or one forced.
-    ``sparsity_hint``: the fraction of groups the caller expects skipped; with it, 'auto' runs M > DENSE_M
-    dense (cuBLAS) when too little is skipped for the sorted kernel to win (``mn_dense_below``).
+    The path is ``route.plan.mn``: 'small' | 'dense' | 'sorted' (``wide.kernels.plan``).
     """
     check_dtype(x, w)
     validate_route(x, w.shape[0], w.shape[1], route, group_size, "n")
-    path = resolve_path(x.shape[0], route, path, group_size, sparsity_hint)
+    path = route_plan(route, x.shape[0]).mn
     mask = route_mask(route).contiguous()
     return _gemm_mn_op(x.contiguous(), w.contiguous(), route.idx, route.count, mask, group_size, zero_inactive, path)
 
@@ -364,20 +355,17 @@ def routed_swiglu(
     group_size: int,
     *,
     zero_inactive: bool = True,
-    path: str = "auto",
-    sparsity_hint: float | None = None,
 ) -> torch.Tensor:
     """Fused routed gate+up: ``h = silu(x w_gate^T) * (x w_up^T)`` on active (row, group).
 
     x: [M, K], w_gate/w_up: [N, K] -> h: [M, N]; x is read once, h written once (small / sorted
-    paths; the dense path runs two cuBLAS GEMMs and one fused epilogue). ``path`` and
-    ``sparsity_hint`` as in ``routed_gemm_mn``.
+    paths; the dense path runs two cuBLAS GEMMs and one fused epilogue). The path is ``route.plan.mn``.
     """
     check_dtype(x, w_gate, w_up)
     if w_gate.shape != w_up.shape:
         raise ValueError(f"w_gate {tuple(w_gate.shape)} and w_up {tuple(w_up.shape)} differ")
     validate_route(x, w_gate.shape[0], w_gate.shape[1], route, group_size, "n")
-    path = resolve_path(x.shape[0], route, path, group_size, sparsity_hint)
+    path = route_plan(route, x.shape[0]).mn
     mask = route_mask(route).contiguous()
     return _swiglu_op(
         x.contiguous(),

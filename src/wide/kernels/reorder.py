@@ -1,7 +1,7 @@
 """Mask reordering: per routing group, the active token rows first (stable), computed on device.
 
-One RouteIndex is computed per routing decision and shared by every operator governed by it
-(Q projection -> attention -> O projection; gate/up -> down).
+One RouteIndex is computed per routing decision (``plan_route``) and shared by every operator governed
+by it (Q projection -> attention -> O projection; gate/up -> down); it carries the decision's ``Plan``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from typing import NamedTuple
 import torch
 
 from ._split_reduce import tile_counters
-from ._triton_utils import HAS_TRITON, gemm_path, next_pow2, use_triton
+from ._triton_utils import HAS_TRITON, next_pow2, use_triton
+from .plan import Plan, check_plan
 
 if HAS_TRITON:
     import triton
@@ -34,6 +35,7 @@ class RouteIndex(NamedTuple):
     order:       [M] int32 (optional) — one row order for all groups (``pattern_order``): rows with
                  equal or Gray-adjacent group patterns next to each other, so that a tile of
                  consecutive rows leaves whole groups unused. The 'ordered' GEMM-K reads it.
+    plan:        the paths of this decision's operators (``plan_route``); the routed GEMMs read it.
     """
 
     idx: torch.Tensor
@@ -42,6 +44,7 @@ class RouteIndex(NamedTuple):
     batch_count: torch.Tensor
     mask: torch.Tensor | None = None
     order: torch.Tensor | None = None
+    plan: Plan | None = None
 
 
 def _as_btg(mask: torch.Tensor) -> torch.Tensor:
@@ -335,21 +338,23 @@ def has_index(route: RouteIndex) -> bool:
     return route.mask is None or route.idx.shape[1] == route.mask.shape[0]
 
 
-def plan_route(mask: torch.Tensor, group_size: int | None = None, sparsity_hint: float | None = None) -> RouteIndex:
-    """What the routed operators of one decision need, computed once per decision.
+def plan_route(mask: torch.Tensor, plan: Plan) -> RouteIndex:
+    """The route of one routing decision, carrying its ``plan`` (``wide.kernels.plan``), built once and
+    shared by the decision's operators, which take their paths from ``route.plan``.
 
-    The full ``reorder`` when the decision's GEMM-MN takes the sorted path (M > DENSE_M, unless
-    ``sparsity_hint`` with ``group_size`` sends it dense: ``gemm_path``; pass the ones the GEMM-MN
-    gets); else the mask alone (idx [N_G, 0], count/batch fields empty) — the small-M and dense paths
-    read the mask, so no reorder kernel runs at decode; routed attention prefill computes its own
-    index if it needs one. The 'ordered' GEMM-K computes its ``pattern_order`` itself unless the
-    route carries one.
+    ``plan.reorder`` (the sorted GEMM-MN): the full ``reorder``; else the mask alone (idx [N_G, 0],
+    count/batch fields empty) — the small and dense paths read the mask, so no reorder kernel runs at
+    decode; routed attention prefill computes its own index then. The 'ordered' GEMM-K computes its
+    ``pattern_order`` itself unless the route carries one.
     """
+    check_plan(plan)
     m3 = _as_btg(mask)
     if m3.dtype != torch.bool:
         m3 = m3 != 0
     b, t, ng = m3.shape
-    if gemm_path(b * t, "auto", group_size, sparsity_hint) == "sorted":
-        return reorder(m3)
+    if plan.reorder:
+        return reorder(m3)._replace(plan=plan)
     e = torch.empty(0, dtype=torch.int32, device=m3.device)
-    return RouteIndex(e.new_empty((ng, 0)), e, e.new_empty((0, ng)), e.new_empty((0, ng)), m3.reshape(b * t, ng))
+    return RouteIndex(
+        e.new_empty((ng, 0)), e, e.new_empty((0, ng)), e.new_empty((0, ng)), m3.reshape(b * t, ng), None, plan
+    )

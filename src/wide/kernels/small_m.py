@@ -9,15 +9,15 @@ about half of the weight bytes. Masks are [M, N_G] bool (viewed as uint8).
 * ``small_gemm_k`` (O, down): programs own (split of the K groups, n-tile); a program first compacts
   the split's groups that some token runs into a short list, then loops over their K tiles only (one
   flat loop, so the weight loads stay software-pipelined); A rows inactive for a group load as 0.
-  (An earlier version looped over every group with predicated-off loads for unused ones: at M = 1,
-  50%, down ran at 1.28x of cuBLAS, decode-variants-h200.json.)
+  (Looping over every group with predicated-off loads for unused ones is slower:
+  docs/kernels.md#decode-gemm-k-loop-over-the-active-groups-only.)
 
 Both split K when one split per output tile would leave HBM idle (Q: 4,096 columns, half of them
 skipped, is 64 programs of 32 columns). The splits are reduced inside the kernel by the last program
 of each tile, in split order (``_split_reduce``): one launch, bit-identical repeats. The autotuner
 picks the split count with the tile shape. On sm_90+ both launch with programmatic dependent launch
 (``_triton_utils.pdl_launch``): scheduled as soon as the previous kernel's programs exit, they wait for
-its writes as their first statement (0.0-0.6 µs less per call, bench/results/experiments/pdl-h200.json).
+its writes as their first statement (docs/kernels.md#pdl).
 """
 
 from __future__ import annotations
@@ -244,7 +244,7 @@ if HAS_TRITON:
                 tl.store(o_ptrs, red.to(y_ptr.dtype.element_ty), mask=(offs_r < M)[:, None] & in_n[None, :])
 
     _small_k_tuned = triton.autotune(
-        configs=[  # H200 decode sweep (bench/results/decode-variants-h200.json): 64 x 64 x 8 splits fastest
+        configs=[  # first: the decode sweep's fastest (docs/kernels.md#split-k-at-decode)
             _mn_cfg(64, 64, 5, splits=8),
             _mn_cfg(64, 64, 5, splits=4),
             _mn_cfg(64, 128, 4, splits=16),
@@ -252,7 +252,7 @@ if HAS_TRITON:
             _mn_cfg(32, 128, 4, splits=8),
             _mn_cfg(64, 128, 4, splits=4),
             _mn_cfg(32, 256, 3, splits=4),
-            # G 32 (decode-variants-down32-h200.json: 64 x 32, 8 splits, 8 stages fastest at M 1)
+            # G 32: 32-column tiles (BLOCK_N divides the group)
             _mn_cfg(64, 32, 8, splits=8),
             _mn_cfg(64, 32, 5, splits=16),
             _mn_cfg(32, 32, 6, splits=8),

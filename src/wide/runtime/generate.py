@@ -1,9 +1,9 @@
 """Greedy generation over WideRuntime; on CUDA the decode step is replayed from a CUDA graph.
 
 ``GraphedPrefill`` captures a whole prefill of one prompt shape: a server that pads prompts to a few
-length buckets replays it with no host work per kernel. The routed path issues ~28 kernels per layer
-through Python; at batch 1 and 70% that took 80 ms against 54 ms of kernels on one H200 host
-(bench/results/profile-e2e-h200.txt), while the graph replays the same prefill in 58 ms (e2e-h200.json).
+length buckets replays it with no host work per kernel. The routed path issues a few dozen kernels per
+layer through Python, so at batch 1 issuing them can take as long as running them
+(docs/kernels.md#open-problems-measured-see-the-summary).
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 It takes the weights of a Hugging Face Llama-family model and the routers of a `WideModel`, and runs
 every prunable operator through `wide.kernels`:
 
-  attention: router -> plan_route(mask) -> routed_gemm_mn (Q) ; [K; V] in one GEMM
+  attention: router -> plan_route(mask, plan) -> routed_gemm_mn (Q) ; [K; V] in one GEMM
              -> routed attention -> routed_gemm_k (O)
-  FFN:       router -> plan_route(mask) -> routed_swiglu (gate+up) -> routed_gemm_k (down)
+  FFN:       router -> plan_route(mask, plan) -> routed_swiglu (gate+up) -> routed_gemm_k (down)
 
 The routers decide through ``wide.kernels.router_decisions``, the op the masked path and training
 use too (docs/routing.md#the-decision-rule): the runtime serves the decisions that were evaluated.
@@ -14,9 +14,9 @@ each (as serving engines do), WIDE runs [K; V] as one.
 The fused weights are row blocks of one buffer per layer; the Hugging Face modules' weights are
 re-pointed to views of it (same values, no second copy).
 
-`plan_route` runs the reorder only when Q / gate-up take the sorted path: M = B*T > DENSE_M and the
-expected sparsity of the layer's routers (the runtime's hints) high enough for it to beat cuBLAS
-(decode reads the mask directly). Q leaves
+Each routing decision is planned once (`wide.kernels.plan`: from M = B*T, the group size, the number of
+groups and the expected sparsity of the layer's routers, the runtime's hints); `plan_route` runs the
+reorder only when Q / gate-up take the sorted path (decode reads the mask directly). Q leaves
 its inactive heads unspecified (attention skips them); attention and SwiGLU write zeros there, so O
 and down are told their input is pre-zeroed (``x_zeroed``).
 
@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from wide import kernels as K
+from wide.model.checkpoint import FittedRates
 from wide.model.wide_model import WideModel, decoder_layers
 
 
@@ -100,8 +101,8 @@ class StepConfig(NamedTuple):
     g_ffn: int
     eps: float
     qk_eps: float
-    algo: str
-    # expected skipped fractions (bucketed: ``K.sparsity_bucket``): Q's path and O's schedule; gate/up's path
+    force_k: str | None  # GEMM-K path forced for O and down (None: the plan's choice)
+    # expected skipped fractions (bucketed: ``K.sparsity_bucket``), what ``K.plan`` reads per decision
     attn_sparsity_hint: float | None = None
     ffn_sparsity_hint: float | None = None
 
@@ -135,10 +136,10 @@ def _attention(
     if st.routed:
         mask = K.router_decisions(h2.view(b, t, -1), *w.head_attn)  # [B, T, Hk]
         k, v = F.linear(h2, w.w_kv, w.b_kv).split([kv_width, kv_width], dim=-1)  # [M, Hk*d] each
-        hint = st.attn_sparsity_hint
-        route = K.plan_route(mask, st.g_attn, hint)
+        plan = K.plan(b * t, st.g_attn, mask.shape[-1], st.attn_sparsity_hint, force_k=st.force_k)
+        route = K.plan_route(mask, plan)
         # Q's inactive heads stay unspecified: attention ignores them
-        q = K.routed_gemm_mn(h2, w.wq, route, st.g_attn, zero_inactive=False, sparsity_hint=hint)
+        q = K.routed_gemm_mn(h2, w.wq, route, st.g_attn, zero_inactive=False)
         if w.bq is not None:  # bias only where the group runs (inactive outputs stay 0)
             q = q + w.bq * mask.reshape(b * t, -1).repeat_interleave(st.g_attn, dim=-1).to(q.dtype)
     else:
@@ -164,9 +165,7 @@ def _attention(
         ).transpose(1, 2)
     o2 = o.reshape(b * t, -1)  # [M, Hq * d]
     if st.routed:
-        y = K.routed_gemm_k(
-            o2, w.wo, route, st.g_attn, algo=st.algo, x_zeroed=True, sparsity_hint=st.attn_sparsity_hint
-        )
+        y = K.routed_gemm_k(o2, w.wo, route, st.g_attn, x_zeroed=True)
     else:
         y = F.linear(o2, w.wo)
     if w.bo is not None:
@@ -180,11 +179,11 @@ def _ffn(x: torch.Tensor, w: LayerWeights, st: StepConfig) -> tuple[torch.Tensor
     h2 = rms_norm(x, w.ln_ffn, st.eps).reshape(b * t, -1)
     mask = None
     if st.routed:
-        hint = st.ffn_sparsity_hint
         mask = K.router_decisions(h2.view(b, t, -1), *w.head_ffn)  # [B, T, N_G]
-        route = K.plan_route(mask, st.g_ffn, hint)
-        a = K.routed_swiglu(h2, w.w_gate, w.w_up, route, st.g_ffn, sparsity_hint=hint)  # zeros if inactive
-        y = K.routed_gemm_k(a, w.w_down, route, st.g_ffn, algo=st.algo, x_zeroed=True, sparsity_hint=hint)
+        plan = K.plan(b * t, st.g_ffn, mask.shape[-1], st.ffn_sparsity_hint, force_k=st.force_k)
+        route = K.plan_route(mask, plan)
+        a = K.routed_swiglu(h2, w.w_gate, w.w_up, route, st.g_ffn)  # zeros if inactive
+        y = K.routed_gemm_k(a, w.w_down, route, st.g_ffn, x_zeroed=True)
     else:
         gate, up = F.linear(h2, w.w_gate_up).chunk(2, dim=-1)  # [M, D'] each, one GEMM
         y = F.linear(F.silu(gate) * up, w.w_down)
@@ -246,10 +245,10 @@ class WideRuntime:
     ``save_pretrained`` still works (it clones tensors that share a buffer). ``attn_sparsity_hint`` /
     ``ffn_sparsity_hint``: the fraction of attention / FFN groups the routers skip, one value or one per
     layer (default: the per-layer rates a calibrated checkpoint recorded, else the config's targets),
-    from which Q and gate/up pick their path at large M (cuBLAS when too little is skipped:
-    ``wide.kernels.gemm_path``) and O its GEMM-K schedule (``wide.kernels.gemm_k.choose_algo``); pass
-    what you measured on your data (``WideModel.start_meter``, ``stop_meter()["per_layer"]``) when it
-    differs.
+    from which ``wide.kernels.plan`` picks each decision's paths (Q and gate/up: cuBLAS at large M when
+    too little is skipped; O: the 'ordered' GEMM-K at large M when enough is); pass what you measured on
+    your data (``WideModel.start_meter``, ``stop_meter()["per_layer"]``) when it differs. ``force_k``:
+    one GEMM-K path ('small' | 'dense' | 'ordered') for O and down instead of the plan's choice.
     ``compile=True``: the layer step runs through ``torch.compile`` (first calls compile; raises
     dynamo's recompile limit to 64 for the process)."""
 
@@ -260,7 +259,7 @@ class WideRuntime:
         max_batch: int,
         max_seq: int,
         routed: bool = True,
-        gemm_k_algo: str = "auto",
+        force_k: str | None = None,
         attn_sparsity_hint: float | Sequence[float] | None = None,
         ffn_sparsity_hint: float | Sequence[float] | None = None,
         compile: bool = False,
@@ -273,7 +272,9 @@ class WideRuntime:
                 f"the routed kernels take one attention decision per KV group ({d.gqa_group} heads); these "
                 f"routers decide per {s.attn_heads_per_group} heads: run them with the masked path (WideModel)"
             )
-        self.routed, self.algo = routed, gemm_k_algo
+        if force_k is not None and force_k not in K.K_PATHS:
+            raise ValueError(f"force_k must be one of {K.K_PATHS} or None, got {force_k!r}")
+        self.routed, self.force_k = routed, force_k
         p = next(self.hf.parameters())
         if max_batch < 1 or max_seq < 1:
             raise ValueError(f"max_batch and max_seq must be >= 1, got {max_batch}, {max_seq}")
@@ -321,13 +322,14 @@ class WideRuntime:
 
     def _hints(self, kind: str, hint: float | Sequence[float] | None, n_layers: int) -> list[float]:
         """Per-layer expected sparsity of the ``kind`` ('attn' / 'ffn') routers: the given value(s); else
-        the per-layer argmax skip rates a calibrated checkpoint records (its threshold fit); else the
-        config's target."""
+        the per-layer rates a loaded checkpoint's threshold fit recorded (``WideModel.fitted_rates``);
+        else the config's target."""
         name = f"{kind}_sparsity_hint"
         if hint is None:
-            fit = getattr(self.wm, "training_summary", {}).get("skip_bias_fit", {}).get("argmax_skip_after", {})
-            if all(f"{kind}{i}" in fit for i in range(n_layers)):
-                hint = [fit[f"{kind}{i}"] for i in range(n_layers)]
+            rates: FittedRates | None = getattr(self.wm, "fitted_rates", None)  # set by load_routers
+            fitted = getattr(rates, kind) if rates is not None else None
+            if fitted is not None and len(fitted) == n_layers:
+                hint = fitted
             else:
                 cfg = self.wm.config
                 own = getattr(cfg, f"{kind}_sparsity")
@@ -352,7 +354,7 @@ class WideRuntime:
             g_ffn=self.g_ffn,
             eps=float(layer.input_layernorm.variance_epsilon),
             qk_eps=float(qn.variance_epsilon) if qn is not None else 0.0,
-            algo=self.algo,
+            force_k=self.force_k,
             attn_sparsity_hint=K.sparsity_bucket(attn_hint, self.g_attn),
             ffn_sparsity_hint=K.sparsity_bucket(ffn_hint, self.g_ffn),
         )
