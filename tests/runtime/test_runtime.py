@@ -156,10 +156,12 @@ def test_runtime_names_unsupported_families():
 # --------------------------------------------------------------------------- served = evaluated (CPU)
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_scores_and_decisions_equal_the_masked_path_in_low_precision(family, dtype):
+def test_scores_and_decisions_equal_the_masked_path_in_low_precision(family, dtype, monkeypatch):
     """In bf16 / fp16 the runtime makes the masked path's decisions (0 differing, every layer and kind)
     and its logits at every position are the masked path's, bit for bit: one decision rule, and on the CPU
-    the same torch arithmetic for the backbone (docs/routing.md#the-decision-rule)."""
+    the same torch arithmetic for the backbone (docs/routing.md#the-decision-rule). Runs the torch path a
+    CPU user runs (the interpreter's kernels compute the GEMMs in their own order)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
     model, wm = _routed(family, seed=2)
     model.to(dtype)
     ids = torch.randint(0, 101, (3, 41))
