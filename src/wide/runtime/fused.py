@@ -124,6 +124,7 @@ def fused_decode_step(rt, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     dense_mask = None if rt.routed else torch.ones(b, st.n_kv, dtype=torch.bool, device=x.device)
     h = FD.fused_rms_norm(x, layers[0].ln_attn, layers[0].eps_attn)
     final = rt.hf.model.norm
+    masks = []  # per layer (attention [B, Hk], FFN [B, G]) when routed: rt.fused_masks (benchmarks read them)
     for i, w in enumerate(layers):
         mask_a = router_decisions(h, *w.router_attn) if w.router_attn is not None else None
         q = FD.qkv_rope_cache(
@@ -138,4 +139,7 @@ def fused_decode_step(rt, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         nxt = layers[i + 1] if i + 1 < len(layers) else None
         norm_w, eps = (nxt.ln_attn, nxt.eps_attn) if nxt is not None else (final.weight, final.variance_epsilon)
         x, h = FD.ffn_residual_norm(h, w.w_gate, w.w_up, w.w_down, mask_f, x, norm_w, float(eps), rt.g_ffn)
+        if mask_a is not None:
+            masks.append((mask_a, mask_f))
+    rt.fused_masks = masks  # under CUDA-graph capture: the graph's outputs, refreshed by every replay
     return rt.hf.lm_head(h).float()  # h: the final norm of the last position
