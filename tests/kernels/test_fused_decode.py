@@ -63,6 +63,9 @@ def test_qkv_rope_cache(kernel_device, hq, hk, d, b, mode, qk_norm, bias):
     kc, vc = torch.randn(b + 1, 6, hk, d), torch.randn(b + 1, 6, hk, d)
     kc_ref, vc_ref = kc.clone(), vc.clone()
     q_ref = FD.qkv_rope_cache_ref(h, w, bq, cos, sin, pos, kc_ref, vc_ref, hq, qn, kn, 1e-6)
+    if mask is not None:  # Q rows of groups no token runs must not be read: poison them
+        w = w.clone()
+        w[: hq * d][~mask.any(0).repeat_interleave(hq // hk * d)] = float("nan")
     h, w, bq, qn, kn, pos, cos, sin, mask, kc, vc = _to(kernel_device, h, w, bq, qn, kn, pos, cos, sin, mask, kc, vc)
     q = FD.qkv_rope_cache(h, w, bq, mask, cos, sin, pos, kc, vc, hq, qn, kn, 1e-6).cpu()
     torch.testing.assert_close(kc.cpu(), kc_ref, rtol=1e-4, atol=1e-4)
@@ -111,6 +114,9 @@ def test_o_proj_residual_norm(kernel_device, hq, hk, d, b, mode, bias):
     wo, x, nw = torch.randn(dm, hq * d) / (hq * d) ** 0.5, torch.randn(b, dm), torch.rand(dm) + 0.5
     bo = torch.randn(dm) if bias else None
     xr, hr = FD.o_proj_residual_norm_ref(o, wo, bo, x, nw, 1e-5)
+    if mask is not None:  # columns of groups no token runs must not be read: poison them
+        wo = wo.clone()
+        wo[:, ~mask.any(0).repeat_interleave(hq // hk * d)] = float("nan")
     xo, h = FD.o_proj_residual_norm(*_to(kernel_device, o, wo, bo, mask, x, nw), 1e-5)
     torch.testing.assert_close(xo.cpu(), xr, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(h.cpu(), hr, rtol=1e-5, atol=1e-5)
@@ -128,6 +134,10 @@ def test_ffn_residual_norm(kernel_device, df, g, b, mode):
     nw = torch.rand(dm) + 0.5
     mask = None if mode is None else _mask(mode, b, df // g, seed=b)
     xr, hr = FD.ffn_residual_norm_ref(h, wg, wu, wd, mask, x, nw, 1e-5)
+    if mask is not None:  # channels of groups no token runs must not be read: poison them
+        off = ~mask.any(0).repeat_interleave(g)
+        wg, wu, wd = wg.clone(), wu.clone(), wd.clone()
+        wg[off], wu[off], wd[:, off] = float("nan"), float("nan"), float("nan")
     args = _to(kernel_device, h, wg, wu, wd, mask, x, nw)
     xo, hn = FD.ffn_residual_norm(*args, 1e-5, g)
     torch.testing.assert_close(xo.cpu(), xr, rtol=1e-5, atol=1e-5)

@@ -166,6 +166,27 @@ if HAS_TRITON:
         return tl.max(m.to(tl.int32), 0) > 0
 
     @triton.jit
+    def _routed_k_loop(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, K, mask_ptr, B, NG, G, ROUTED: tl.constexpr,
+                       BM: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr, CG: tl.constexpr):  # fmt: skip
+        """acc [BM, BLOCK_N] += a[:, k] W[n, k]^T over K (a: [B, K], W: [N, K], row-major), reading no column
+        of a group no token runs. BLOCK_K divides the group width G, so a step lies in one group and its
+        predicate is one scalar (the loads stay vectorised and the loop pipelined)."""
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            in_k = offs_k < K
+            if ROUTED:
+                in_k = in_k & (tl.zeros([BLOCK_K], tl.int32) + _any_row(mask_ptr, k0 // G, B, NG, BM).to(tl.int32) > 0)
+            am = in_m[:, None] & in_k[None, :]
+            if CG:  # written earlier in the same kernel by other programs
+                a = tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=am, other=0.0, cache_modifier=".cg")
+            else:
+                a = tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=am, other=0.0)
+            w = tl.load(w_ptr + offs_n.to(tl.int64)[:, None] * K + offs_k[None, :], mask=in_n[:, None] & in_k[None, :],
+                        other=0.0)  # fmt: skip
+            acc = tl.dot(a, tl.trans(w), acc, input_precision=PREC)
+        return acc
+
+    @triton.jit
     def _norm_rows(x_ptr, w_ptr, h_ptr, B, D, eps, BLOCK_D: tl.constexpr):
         """h[b] = w * (x[b] * rsqrt(mean(x[b]^2) + eps)).to(dtype) for b < B (rows of stride D).
 
@@ -351,23 +372,21 @@ if HAS_TRITON:
             row = (bg * HPG_P + hh) * NUM_SPLITS + split  # op [B*HK, HPG_P, NS, D], lse [B*HK, HPG_P, NS]
             tl.store(op_ptr + row[:, None] * HEAD_D + offs_d[None, :], out)
             tl.store(lse_ptr + row, lse)
-            if arrive(cnt_ptr + bg, NUM_SPLITS):
+            if arrive(cnt_ptr + bg, NUM_SPLITS):  # merge: weights from every split's LSE, then a fixed-order sum
                 ss = tl.arange(0, NS_P)
-                smask = ss < NUM_SPLITS
-                rows = (bg * HPG_P + hh)[:, None] * NUM_SPLITS + ss[None, :]  # [HPG_P, NS_P]
-                lses = tl.load(lse_ptr + rows, mask=smask[None, :], other=float("-inf"), cache_modifier=".cg")
+                lses = tl.load(lse_ptr + (bg * HPG_P + hh)[:, None] * NUM_SPLITS + ss[None, :],
+                               mask=(ss < NUM_SPLITS)[None, :], other=float("-inf"), cache_modifier=".cg")  # fmt: skip
                 mx = tl.max(lses, 1)
                 mx = tl.where(mx > float("-inf"), mx, 0.0)
-                wgt = tl.where(lses > float("-inf"), tl.math.exp2(lses - mx[:, None]), 0.0)
-                tot = tl.sum(wgt, 1)
-                wgt = wgt / tl.where(tot > 0, tot, 1.0)[:, None]
-                parts = tl.load(
-                    op_ptr + rows[:, :, None] * HEAD_D + offs_d[None, None, :],
-                    mask=smask[None, :, None],
-                    other=0.0,
-                    cache_modifier=".cg",
-                )  # [HPG_P, NS_P, D]
-                merged = tl.sum(parts * wgt[:, :, None], 1)
+                tot = tl.sum(tl.where(lses > float("-inf"), tl.math.exp2(lses - mx[:, None]), 0.0), 1)
+                inv = 1.0 / tl.where(tot > 0, tot, 1.0)
+                merged = tl.zeros([HPG_P, HEAD_D], tl.float32)
+                for sp in range(0, NUM_SPLITS):
+                    rw = (bg * HPG_P + hh) * NUM_SPLITS + sp
+                    ls = tl.load(lse_ptr + rw, cache_modifier=".cg")
+                    wgt = tl.where(ls > float("-inf"), tl.math.exp2(ls - mx), 0.0) * inv
+                    part = tl.load(op_ptr + rw[:, None] * HEAD_D + offs_d[None, :], cache_modifier=".cg")
+                    merged += part * wgt[:, None]
                 tl.store(o_ptrs, merged.to(o_ptr.dtype.element_ty), mask=hmask[:, None])
 
     @triton.jit
@@ -394,19 +413,8 @@ if HAS_TRITON:
         offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         in_n = offs_n < D
         acc = tl.zeros([BM, BLOCK_N], tl.float32)
-        for g in range(0, NG):
-            run = True
-            if ROUTED:
-                run = _any_row(mask_ptr, g, B, NG, BM)
-            if run:
-                for k0 in range(g * G, (g + 1) * G, BLOCK_K):
-                    offs_k = k0 + tl.arange(0, BLOCK_K)
-                    in_k = offs_k < (g + 1) * G
-                    a = tl.load(o_ptr + offs_m[:, None] * K + offs_k[None, :], mask=in_m[:, None] & in_k[None, :],
-                                other=0.0)  # fmt: skip
-                    w = tl.load(w_ptr + offs_n.to(tl.int64)[:, None] * K + offs_k[None, :],
-                                mask=in_n[:, None] & in_k[None, :], other=0.0)  # fmt: skip
-                    acc = tl.dot(a, tl.trans(w), acc, input_precision=PREC)
+        acc = _routed_k_loop(acc, o_ptr, w_ptr, offs_m, in_m, offs_n, in_n, K, mask_ptr, B, NG, G, ROUTED, BM, BLOCK_K,
+                             PREC, False)  # fmt: skip
         dt = xo_ptr.dtype.element_ty
         y = acc.to(dt)
         if HAS_BIAS:
@@ -486,19 +494,8 @@ if HAS_TRITON:
             in_n = offs_n < D
             _wait_for(cnt_ptr + 1, n_prod)
             acc = tl.zeros([BM, BLOCK_N], tl.float32)
-            for g in range(0, NG):
-                run = True
-                if ROUTED:
-                    run = _any_row(mask_ptr, g, B, NG, BM)
-                if run:
-                    for k0 in range(g * G, (g + 1) * G, BLOCK_KD):
-                        offs_k = k0 + tl.arange(0, BLOCK_KD)
-                        in_k = offs_k < (g + 1) * G
-                        a = tl.load(a_ptr + offs_m[:, None] * DF + offs_k[None, :], mask=in_m[:, None] & in_k[None, :],
-                                    other=0.0, cache_modifier=".cg")  # fmt: skip
-                        w = tl.load(wd_ptr + offs_n.to(tl.int64)[:, None] * DF + offs_k[None, :],
-                                    mask=in_n[:, None] & in_k[None, :], other=0.0)  # fmt: skip
-                        acc = tl.dot(a, tl.trans(w), acc, input_precision=PREC)
+            acc = _routed_k_loop(acc, a_ptr, wd_ptr, offs_m, in_m, offs_n, in_n, DF, mask_ptr, B, NG, G, ROUTED, BM,
+                                 BLOCK_KD, PREC, True)  # fmt: skip
             io = offs_m[:, None] * D + offs_n[None, :]
             msk = in_m[:, None] & in_n[None, :]
             xr = tl.load(x_ptr + io, mask=msk, other=0.0).to(tl.float32)
@@ -679,7 +676,7 @@ def _o_op(
         o, wo, bo if bo is not None else o.new_empty(1), _u8(mask, o), x, xo, norm_w, h, tile_counters(o, 1),
         b, d, k, ng, g, eps,
         ROUTED=mask is not None, HAS_BIAS=bo is not None, BM=BLOCK_M, BLOCK_N=bn,
-        BLOCK_K=min(bk, next_pow2(g)), NORM_BLOCK=min(1024, next_pow2(d)), PREC=_prec(o), num_warps=nw,
+        BLOCK_K=largest_pow2_divisor(g, bk), NORM_BLOCK=min(1024, next_pow2(d)), PREC=_prec(o), num_warps=nw,
         **pdl_launch(o),
     )  # fmt: skip
     return xo, h
@@ -718,7 +715,7 @@ def _ffn_op(
         h, w_gate, w_up, w_down, _u8(mask, h), a, x, xo, norm_w, hn, tile_counters(h, 3),
         b, d, df, ng, group, eps,
         CPG=cpg, CH=ch, ROUTED=mask is not None, BM=BLOCK_M, BLOCK_K=min(bk, next_pow2(d)), BLOCK_N=bn,
-        BLOCK_KD=min(bk, next_pow2(group)), NORM_BLOCK=min(1024, next_pow2(d)), PREC=_prec(h), num_warps=nw,
+        BLOCK_KD=largest_pow2_divisor(group, bk), NORM_BLOCK=min(1024, next_pow2(d)), PREC=_prec(h), num_warps=nw,
         **pdl_launch(h),
     )  # fmt: skip
     return xo, hn
