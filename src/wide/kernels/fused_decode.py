@@ -187,24 +187,46 @@ if HAS_TRITON:
         return acc
 
     @triton.jit
-    def _norm_rows(x_ptr, w_ptr, h_ptr, B, D, eps, BLOCK_D: tl.constexpr):
-        """h[b] = w * (x[b] * rsqrt(mean(x[b]^2) + eps)).to(dtype) for b < B (rows of stride D).
-
+    def _norm_apply(x_ptr, w_ptr, h_ptr, rs, B, D, RB: tl.constexpr, NB: tl.constexpr):
+        """h[b] = w * (x[b] * rs[b]).to(dtype) for b < B; rs: [RB] fp32; [RB, NB] tiles (rows of stride D).
         Reads x with .cg: the rows were written by other programs of the same kernel."""
-        for b in range(0, B):
-            ss = tl.zeros([BLOCK_D], tl.float32)
-            for d0 in range(0, D, BLOCK_D):
-                offs = d0 + tl.arange(0, BLOCK_D)
-                v = tl.load(x_ptr + b * D + offs, mask=offs < D, other=0.0, cache_modifier=".cg").to(tl.float32)
-                ss += v * v
-            rs = tl.math.rsqrt(tl.sum(ss, 0) / D + eps)
-            for d0 in range(0, D, BLOCK_D):
-                offs = d0 + tl.arange(0, BLOCK_D)
-                inb = offs < D
-                v = tl.load(x_ptr + b * D + offs, mask=inb, other=0.0, cache_modifier=".cg").to(tl.float32)
-                w = tl.load(w_ptr + offs, mask=inb, other=0.0).to(tl.float32)
-                hn = (v * rs).to(h_ptr.dtype.element_ty).to(tl.float32)
-                tl.store(h_ptr + b * D + offs, (w * hn).to(h_ptr.dtype.element_ty), mask=inb)
+        offs_r = tl.arange(0, RB)
+        in_r = offs_r < B
+        for d0 in range(0, D, NB):
+            offs = d0 + tl.arange(0, NB)
+            inb = offs < D
+            m2 = in_r[:, None] & inb[None, :]
+            v = tl.load(x_ptr + offs_r[:, None] * D + offs[None, :], mask=m2, other=0.0, cache_modifier=".cg")
+            w = tl.load(w_ptr + offs, mask=inb, other=0.0).to(tl.float32)
+            hn = (v.to(tl.float32) * rs[:, None]).to(h_ptr.dtype.element_ty).to(tl.float32)
+            tl.store(h_ptr + offs_r[:, None] * D + offs[None, :], (w[None, :] * hn).to(h_ptr.dtype.element_ty), mask=m2)
+
+    @triton.jit
+    def _norm_rows(x_ptr, w_ptr, h_ptr, B, D, eps, RB: tl.constexpr, NB: tl.constexpr):
+        """RMSNorm of rows b < B: sum of squares over [RB, NB] tiles, then ``_norm_apply``."""
+        offs_r = tl.arange(0, RB)
+        in_r = offs_r < B
+        ss = tl.zeros([RB, NB], tl.float32)
+        for d0 in range(0, D, NB):
+            offs = d0 + tl.arange(0, NB)
+            m2 = in_r[:, None] & (offs < D)[None, :]
+            v = tl.load(x_ptr + offs_r[:, None] * D + offs[None, :], mask=m2, other=0.0, cache_modifier=".cg")
+            v = v.to(tl.float32)
+            ss += v * v
+        rs = tl.math.rsqrt(tl.sum(ss, 1) / D + eps)
+        _norm_apply(x_ptr, w_ptr, h_ptr, rs, B, D, RB, NB)
+
+    @triton.jit
+    def _norm_tail(x_ptr, w_ptr, h_ptr, ss_ptr, n_tiles, B, D, eps, BM: tl.constexpr, T_P: tl.constexpr,
+                   RB: tl.constexpr, NB: tl.constexpr):  # fmt: skip
+        """The last program of a kernel whose n_tiles programs each wrote their columns' sum of squares per
+        row (ss [n_tiles, BM] fp32): sums them in tile order, then normalises every row."""
+        offs_t = tl.arange(0, T_P)
+        offs_r = tl.arange(0, RB)
+        p = tl.load(ss_ptr + offs_t[:, None] * BM + offs_r[None, :], mask=(offs_t < n_tiles)[:, None], other=0.0,
+                    cache_modifier=".cg")  # fmt: skip
+        rs = tl.math.rsqrt(tl.sum(p, 0) / D + eps)  # [RB]
+        _norm_apply(x_ptr, w_ptr, h_ptr, rs, B, D, RB, NB)
 
     @triton.jit
     def _pick(a_ptr, b_ptr, offs, first):
@@ -212,9 +234,9 @@ if HAS_TRITON:
         return tl.where(first, tl.load(a_ptr + offs).to(tl.float32), tl.load(b_ptr + offs).to(tl.float32))
 
     @triton.jit
-    def _norm_kernel(x_ptr, w_ptr, h_ptr, B, D, eps, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    def _norm_kernel(x_ptr, w_ptr, h_ptr, B, D, eps, RB: tl.constexpr, NB: tl.constexpr, PDL: tl.constexpr):
         pdl_begin(PDL)
-        _norm_rows(x_ptr, w_ptr, h_ptr, B, D, eps, BLOCK_D)
+        _norm_rows(x_ptr, w_ptr, h_ptr, B, D, eps, RB, NB)
 
     @triton.jit
     def _qkv_kernel(
@@ -399,10 +421,12 @@ if HAS_TRITON:
         xo_ptr,  # [B, D] residual out
         nw_ptr,  # [D] next norm weight
         h_ptr,  # [B, D] normed out
+        ss_ptr,  # [n_tiles, BM] fp32: each tile's sum of squares per row
         cnt_ptr,
         B, D, K, NG, G, eps,
         ROUTED: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
+        BLOCK_K: tl.constexpr, T_P: tl.constexpr, RB: tl.constexpr, NB: tl.constexpr, PREC: tl.constexpr,
+        PDL: tl.constexpr,
     ):  # fmt: skip
         """One program per BLOCK_N output columns, the whole (active) reduction axis: no split. The
         last program to finish normalises the new residual rows."""
@@ -422,9 +446,12 @@ if HAS_TRITON:
         io = offs_m[:, None] * D + offs_n[None, :]
         msk = in_m[:, None] & in_n[None, :]
         xr = tl.load(x_ptr + io, mask=msk, other=0.0).to(tl.float32)
-        tl.store(xo_ptr + io, (xr + y.to(tl.float32)).to(dt), mask=msk)
+        xn = (xr + y.to(tl.float32)).to(dt)
+        tl.store(xo_ptr + io, xn, mask=msk)
+        xf = tl.where(msk, xn.to(tl.float32), 0.0)
+        tl.store(ss_ptr + pid * BM + offs_m, tl.sum(xf * xf, 1))
         if _arrive_n(cnt_ptr, tl.num_programs(0)):
-            _norm_rows(xo_ptr, nw_ptr, h_ptr, B, D, eps, NORM_BLOCK)
+            _norm_tail(xo_ptr, nw_ptr, h_ptr, ss_ptr, tl.num_programs(0), B, D, eps, BM, T_P, RB, NB)
 
     @triton.jit
     def _wait_for(cnt_ptr, n):
@@ -444,12 +471,14 @@ if HAS_TRITON:
         xo_ptr,  # [B, D] residual out
         nw_ptr,  # [D] next norm weight
         hn_ptr,  # [B, D] normed out
+        ss_ptr,  # [consumers, BM] fp32: each output tile's sum of squares per row
         cnt_ptr,  # 3 counters: tickets, producers done, consumers done
         B, D, DF, NG, G, eps,
         CPG: tl.constexpr,  # channel chunks per group (producers: NG * CPG)
         CH: tl.constexpr,  # channels per chunk (G = CPG * CH)
         ROUTED: tl.constexpr, BM: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_KD: tl.constexpr, NORM_BLOCK: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
+        BLOCK_KD: tl.constexpr, T_P: tl.constexpr, RB: tl.constexpr, NB: tl.constexpr, PREC: tl.constexpr,
+        PDL: tl.constexpr,
     ):  # fmt: skip
         pdl_begin(PDL)
         n_prod = NG * CPG
@@ -499,11 +528,14 @@ if HAS_TRITON:
             io = offs_m[:, None] * D + offs_n[None, :]
             msk = in_m[:, None] & in_n[None, :]
             xr = tl.load(x_ptr + io, mask=msk, other=0.0).to(tl.float32)
-            tl.store(xo_ptr + io, (xr + acc.to(dt).to(tl.float32)).to(dt), mask=msk)
+            xn = (xr + acc.to(dt).to(tl.float32)).to(dt)
+            tl.store(xo_ptr + io, xn, mask=msk)
+            xf = tl.where(msk, xn.to(tl.float32), 0.0)
+            tl.store(ss_ptr + j * BM + offs_m, tl.sum(xf * xf, 1))
             if _arrive_n(cnt_ptr + 2, n_cons):  # the last consumer: counters back to 0, then the next norm
                 tl.atomic_xchg(cnt_ptr, 0, sem="relaxed", scope="gpu")
                 tl.atomic_xchg(cnt_ptr + 1, 0, sem="relaxed", scope="gpu")
-                _norm_rows(xo_ptr, nw_ptr, hn_ptr, B, D, eps, NORM_BLOCK)
+                _norm_tail(xo_ptr, nw_ptr, hn_ptr, ss_ptr, n_cons, B, D, eps, BM, T_P, RB, NB)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -522,6 +554,14 @@ def _sms(t: torch.Tensor) -> int:
 def _gemv_blocks(t: torch.Tensor) -> tuple[int, int]:
     """(BLOCK_K, num_warps) of the weight-streaming loops: wide K tiles on the GPU, small in the interpreter."""
     return (64, 1) if not t.is_cuda else (256, 4)
+
+
+def _norm_blocks(b: int, d: int, t: torch.Tensor) -> dict:
+    """Row and column tile of the single-program RMSNorm passes: [RB, NB] with RB * NB ~ 8192 elements on the
+    GPU (few dependent steps: B 1 covers D 4096 in one), 256 in the interpreter."""
+    rb = max(2, next_pow2(b))
+    total = 8192 if t.is_cuda else 256
+    return {"RB": rb, "NB": max(16, min(next_pow2(d), total // rb))}
 
 
 def qkv_row_slices(head_dim: int, qk_norm: bool, n_heads: int, sms: int) -> int:
@@ -564,7 +604,7 @@ def _norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return rms_norm_ref(x, weight, eps)
     h = torch.empty_like(x)
     b, d = x.shape
-    _norm_kernel[(1,)](x, weight, h, b, d, eps, BLOCK_D=min(1024, next_pow2(d)), num_warps=4, **pdl_launch(x))
+    _norm_kernel[(1,)](x, weight, h, b, d, eps, **_norm_blocks(b, d, x), num_warps=4, **pdl_launch(x))
     return h
 
 
@@ -672,11 +712,13 @@ def _o_op(
     bk, nw = _gemv_blocks(o)
     g = k // ng
     bn = 16 if not o.is_cuda else (32 if d >= 32 * _sms(o) else 16)
-    _o_kernel[(triton.cdiv(d, bn),)](
-        o, wo, bo if bo is not None else o.new_empty(1), _u8(mask, o), x, xo, norm_w, h, tile_counters(o, 1),
+    tiles = triton.cdiv(d, bn)
+    ss = torch.empty(tiles * BLOCK_M, dtype=torch.float32, device=o.device)
+    _o_kernel[(tiles,)](
+        o, wo, bo if bo is not None else o.new_empty(1), _u8(mask, o), x, xo, norm_w, h, ss, tile_counters(o, 1),
         b, d, k, ng, g, eps,
         ROUTED=mask is not None, HAS_BIAS=bo is not None, BM=BLOCK_M, BLOCK_N=bn,
-        BLOCK_K=largest_pow2_divisor(g, bk), NORM_BLOCK=min(1024, next_pow2(d)), PREC=_prec(o), num_warps=nw,
+        BLOCK_K=largest_pow2_divisor(g, bk), T_P=next_pow2(tiles), **_norm_blocks(b, d, o), PREC=_prec(o), num_warps=nw,
         **pdl_launch(o),
     )  # fmt: skip
     return xo, h
@@ -711,11 +753,13 @@ def _ffn_op(
     n_cons = triton.cdiv(d, bn)
     a = torch.empty(b, df, dtype=h.dtype, device=h.device)
     xo, hn = torch.empty_like(x), torch.empty_like(x)
+    ss = torch.empty(n_cons * BLOCK_M, dtype=torch.float32, device=h.device)
     _ffn_kernel[(ng * cpg + n_cons,)](
-        h, w_gate, w_up, w_down, _u8(mask, h), a, x, xo, norm_w, hn, tile_counters(h, 3),
+        h, w_gate, w_up, w_down, _u8(mask, h), a, x, xo, norm_w, hn, ss, tile_counters(h, 3),
         b, d, df, ng, group, eps,
         CPG=cpg, CH=ch, ROUTED=mask is not None, BM=BLOCK_M, BLOCK_K=min(bk, next_pow2(d)), BLOCK_N=bn,
-        BLOCK_KD=largest_pow2_divisor(group, bk), NORM_BLOCK=min(1024, next_pow2(d)), PREC=_prec(h), num_warps=nw,
+        BLOCK_KD=largest_pow2_divisor(group, bk), T_P=next_pow2(n_cons), **_norm_blocks(b, d, h), PREC=_prec(h),
+        num_warps=nw,
         **pdl_launch(h),
     )  # fmt: skip
     return xo, hn
