@@ -201,21 +201,43 @@ def test_qkv_attention_o_bf16_rule_on_gpu(b):
     cos, sin = _rope(b, d, pos.cpu())
     cos, sin = cos.to(dev), sin.to(dev)
     mask = _mask("random", b, hk, seed=b).to(dev)
+    mask[0, 0] = True  # some group runs
     kc = torch.randn(b, s, hk, d, device=dev)
     vc = torch.randn(b, s, hk, d, device=dev)
-    q32 = FD.qkv_rope_cache_ref(h, w, None, cos, sin, pos, kc.clone(), vc.clone(), hq)
+    kc32, vc32 = kc.clone(), vc.clone()
+    q32 = FD.qkv_rope_cache_ref(h, w, None, cos, sin, pos, kc32, vc32, hq)
+    k_lp, v_lp = kc.bfloat16(), vc.bfloat16()
+    q_lp = FD.qkv_rope_cache_ref(h.bfloat16(), w.bfloat16(), None, cos, sin, pos, k_lp, v_lp, hq)
     kq, vq = kc.bfloat16(), vc.bfloat16()
-    q_lp = FD.qkv_rope_cache_ref(h.bfloat16(), w.bfloat16(), None, cos, sin, pos, kq.clone(), vq.clone(), hq)
     q = FD.qkv_rope_cache(h.bfloat16(), w.bfloat16(), None, mask, cos, sin, pos, kq, vq, hq)
     run = mask.any(0).repeat_interleave(hq // hk)
     assert_close_to_ref(q[:, run], q32[:, run], q_lp[:, run])
+    assert_close_to_ref(kq, kc32, k_lp)
     from wide.kernels.attention_reference import attention_decode_ref
 
     lens = pos.int()
-    o32 = attention_decode_ref(q32.float(), kc, vc, lens + 1, mask)
-    o_lp = attention_decode_ref(q_lp, kq, vq, lens + 1, mask, upcast=False)
-    o = FD.attention_decode_merged(q_lp, kq, vq, lens, mask, len_add=1)
+    o32 = attention_decode_ref(q32, kc32, vc32, lens + 1, mask)
+    o_lp = attention_decode_ref(q_lp, k_lp, v_lp, lens + 1, mask, upcast=False)
+    o = FD.attention_decode_merged(q, kq, vq, lens, mask, len_add=1)
     assert_close_to_ref(o, o32, o_lp)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("b", [1, 16])
+def test_o_proj_bf16_rule_on_gpu(b):
+    torch.manual_seed(b)
+    dev, dm, hq, hk, d = "cuda", 4096, 32, 8, 128
+    mask = _mask("random", b, hk, seed=b).to(dev)
+    o = torch.randn(b, hq * d, device=dev) * mask.repeat_interleave(hq // hk * d, dim=1)
+    wo, x = torch.randn(dm, hq * d, device=dev) / (hq * d) ** 0.5, torch.randn(b, dm, device=dev)
+    nw = torch.rand(dm, device=dev) + 0.5
+    ref32 = FD.o_proj_residual_norm_ref(o, wo, None, x, nw, 1e-5)
+    lp = [t.bfloat16() for t in (o, wo, x, nw)]
+    ref_lp = FD.o_proj_residual_norm_ref(lp[0], lp[1], None, lp[2], lp[3], 1e-5)
+    out = FD.o_proj_residual_norm(lp[0], lp[1], None, mask, lp[2], lp[3], 1e-5)
+    assert_close_to_ref(out[0], ref32[0], ref_lp[0])
+    assert_close_to_ref(out[1], ref32[1], ref_lp[1])
 
 
 @gpu
