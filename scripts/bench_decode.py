@@ -321,6 +321,7 @@ def main() -> None:
                 uf["bytes_read"] = fu["bytes_read"]
                 uf["bytes_from"] = "the fused step's masks (same routers, same inputs up to rounding)"
                 uf["tb_per_s"] = fu["bytes_read"] / (uf["tpot_ms"] * 1e-3) / 1e12
+                uf.update({k: v for k, v in fu.items() if k.startswith("measured_")})
         _write(args.out, rows, meta)
         if s == 0.5:
             for b in (1,):
