@@ -28,6 +28,7 @@ import torch
 
 from wide.bench.e2e import LLAMA_8B, build_model, routers_at
 from wide.config import WideConfig
+from wide.kernels import fused_decode
 from wide.model import WideModel
 from wide.runtime import GraphedDecode, WideRuntime, generate
 
@@ -245,13 +246,18 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=280.0)
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="tiny model (CPU interpreter / quick GPU check)")
+    ap.add_argument("--tune", default="", help="fused launch overrides, e.g. ffn_block_n=64,num_stages=4")
     args = ap.parse_args()
+    for kv in filter(None, args.tune.split(",")):
+        key, val = kv.split("=")
+        fused_decode.TUNE[key] = int(val)
     t0 = time.time()
     meta = {
         "command": "python scripts/bench_decode.py " + " ".join(f"{k}={v}" for k, v in vars(args).items()),
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "torch": torch.__version__,
         "ctx": args.ctx,
+        "tune": dict(fused_decode.TUNE),
     }
     shape = dict(LLAMA_8B, num_hidden_layers=args.layers)
     dev, dtype = ("cuda", torch.bfloat16) if torch.cuda.is_available() else ("cpu", torch.float32)

@@ -58,6 +58,9 @@ if HAS_TRITON:
     from ._triton_utils import pdl_begin
 
 MAX_BATCH = 16  # decode only: one 16-row tensor-core tile holds the batch
+# Launch-parameter overrides for GPU sweeps (unset: the shape rules below). Keys: "block_k", "num_warps",
+# "num_stages" (the weight-streaming loops), "qkv_slices", "o_block_n", "ffn_block_n", "ffn_chunk".
+TUNE: dict[str, int] = {}
 BLOCK_M = 16
 _LOG2E = 1.4426950408889634
 
@@ -553,7 +556,13 @@ def _sms(t: torch.Tensor) -> int:
 
 def _gemv_blocks(t: torch.Tensor) -> tuple[int, int]:
     """(BLOCK_K, num_warps) of the weight-streaming loops: wide K tiles on the GPU, small in the interpreter."""
-    return (64, 1) if not t.is_cuda else (256, 4)
+    if not t.is_cuda:
+        return 64, 1
+    return TUNE.get("block_k", 256), TUNE.get("num_warps", 4)
+
+
+def _stages(t: torch.Tensor) -> dict:
+    return {"num_stages": TUNE["num_stages"]} if t.is_cuda and "num_stages" in TUNE else {}
 
 
 def _norm_blocks(b: int, d: int, t: torch.Tensor) -> dict:
@@ -636,6 +645,8 @@ def _qkv_op(
     q = torch.empty(b, n_q, hd, dtype=h.dtype, device=h.device)
     n_heads = n_q + 2 * hk
     rs = qkv_row_slices(hd, q_norm is not None, n_heads, _sms(h))
+    if "qkv_slices" in TUNE and q_norm is None:
+        rs = TUNE["qkv_slices"]
     bk, nw = _gemv_blocks(h)
     dummy = h.new_empty(1)
     _qkv_kernel[(n_heads * rs,)](
@@ -645,7 +656,7 @@ def _qkv_op(
         *k_cache.stride()[:3], *v_cache.stride()[:3],
         HQ=n_q, HK=hk, HEAD_D=hd, RS=rs, ROUTED=mask is not None, HAS_BIAS=b_qkv is not None,
         QK_NORM=q_norm is not None, BM=BLOCK_M, BLOCK_K=min(bk, next_pow2(d_model)), PREC=_prec(h),
-        num_warps=nw, **pdl_launch(h),
+        num_warps=nw, **_stages(h), **pdl_launch(h),
     )  # fmt: skip
     return q
 
@@ -711,7 +722,7 @@ def _o_op(
     xo, h = torch.empty_like(x), torch.empty_like(x)
     bk, nw = _gemv_blocks(o)
     g = k // ng
-    bn = 16 if not o.is_cuda else (32 if d >= 32 * _sms(o) else 16)
+    bn = 16 if not o.is_cuda else TUNE.get("o_block_n", 32 if d >= 32 * _sms(o) else 16)
     tiles = triton.cdiv(d, bn)
     ss = torch.empty(tiles * BLOCK_M, dtype=torch.float32, device=o.device)
     _o_kernel[(tiles,)](
@@ -719,7 +730,7 @@ def _o_op(
         b, d, k, ng, g, eps,
         ROUTED=mask is not None, HAS_BIAS=bo is not None, BM=BLOCK_M, BLOCK_N=bn,
         BLOCK_K=largest_pow2_divisor(g, bk), T_P=next_pow2(tiles), **_norm_blocks(b, d, o), PREC=_prec(o), num_warps=nw,
-        **pdl_launch(o),
+        **_stages(o), **pdl_launch(o),
     )  # fmt: skip
     return xo, h
 
@@ -746,10 +757,10 @@ def _ffn_op(
     b, d = h.shape
     df = w_gate.shape[0]
     ng = df // group
-    ch = ffn_chunk(group, ng, _sms(h)) if h.is_cuda else 16
+    ch = TUNE.get("ffn_chunk", ffn_chunk(group, ng, _sms(h))) if h.is_cuda else 16
     cpg = group // ch
     bk, nw = _gemv_blocks(h)
-    bn = 16 if not h.is_cuda else 32
+    bn = 16 if not h.is_cuda else TUNE.get("ffn_block_n", 32)
     n_cons = triton.cdiv(d, bn)
     a = torch.empty(b, df, dtype=h.dtype, device=h.device)
     xo, hn = torch.empty_like(x), torch.empty_like(x)
@@ -760,7 +771,7 @@ def _ffn_op(
         CPG=cpg, CH=ch, ROUTED=mask is not None, BM=BLOCK_M, BLOCK_K=min(bk, next_pow2(d)), BLOCK_N=bn,
         BLOCK_KD=largest_pow2_divisor(group, bk), T_P=next_pow2(n_cons), **_norm_blocks(b, d, h), PREC=_prec(h),
         num_warps=nw,
-        **pdl_launch(h),
+        **_stages(h), **pdl_launch(h),
     )  # fmt: skip
     return xo, hn
 
