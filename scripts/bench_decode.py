@@ -26,11 +26,25 @@ import traceback
 
 import torch
 
-from wide.bench.e2e import LLAMA_8B, build_model, routers_at
+from wide.bench.e2e import LLAMA_8B, build_model
 from wide.config import WideConfig
 from wide.kernels import fused_decode
 from wide.model import WideModel
 from wide.runtime import GraphedDecode, WideRuntime, generate
+from wide.train.threshold_fit import collect_margins, fit_offsets
+
+
+def routers_at(wm: WideModel, attn: float, ffn: float, tokens: torch.Tensor) -> None:
+    """Random router weights; each router's threshold fitted so that argmax skips ``attn`` / ``ffn`` of its
+    groups on ``tokens`` (as ``wide.bench.e2e.routers_at``, with a rate per kind)."""
+    for r in wm.routers:
+        for router in (r.attn, r.ffn):
+            torch.nn.init.normal_(router.up.weight, std=1.0)
+    batch = {"input_ids": tokens, "attention_mask": torch.ones_like(tokens, dtype=torch.bool)}
+    margins, _ = collect_margins(wm, [batch], tokens.device)
+    rates = {key: attn if key[1] == "attn" else ffn for key in margins}
+    for (i, k), d in fit_offsets(margins, rates, "router").items():
+        getattr(wm.routers[i], k).skip_bias.fill_(d)
 
 
 def _median_ms(fn, reps: int) -> float:
@@ -109,8 +123,15 @@ def _bytes_read(rt: WideRuntime, batch: int, ctx: int, masks) -> tuple[int, dict
     return int(total), summary
 
 
-def measure(wm: WideModel, routed: bool, fused: bool, batch: int, ctx: int, reps: int) -> dict:
-    rt = WideRuntime(wm, max_batch=batch, max_seq=ctx + 16, routed=routed, fused_decode=fused)
+def measure(
+    wm: WideModel, routed: bool, fused: bool, batch: int, ctx: int, reps: int, hints: tuple | None = None
+) -> dict:
+    """TPOT of one CUDA-graph decode step at ``ctx`` cached tokens, kernels, bytes and TB/s."""
+    attn_hint, ffn_hint = hints if hints is not None else (None, None)
+    rt = WideRuntime(
+        wm, max_batch=batch, max_seq=ctx + 16, routed=routed, fused_decode=fused,
+        attn_sparsity_hint=attn_hint, ffn_sparsity_hint=ffn_hint,
+    )  # fmt: skip
     dev = rt.cache.k.device
     ids = torch.randint(0, wm.dims.vocab, (batch, 1), device=dev)
     rt.cache.lens.fill_(ctx)  # decode against ctx cached tokens (contents: zeros)
@@ -240,6 +261,11 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--sparsities", default="0,0.25,0.5,0.7")
+    ap.add_argument(
+        "--kind-rates",
+        default="0.6:0.41",
+        help="extra level attn:ffn skip rates (default: the shipped SmolLM2 routers' '50%%' per-kind rates)",
+    )
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--layers", type=int, default=LLAMA_8B["num_hidden_layers"])
     ap.add_argument("--reps", type=int, default=30)
@@ -266,7 +292,10 @@ def main() -> None:
                      vocab_size=101, num_hidden_layers=min(args.layers, 3))  # fmt: skip
     meta["shape"] = shape
     batches = [int(b) for b in args.batches.split(",")]
-    levels = [float(s) for s in args.sparsities.split(",")]
+    levels: list[tuple] = [(float(s), float(s)) for s in args.sparsities.split(",")]
+    if args.kind_rates:
+        a_rate, f_rate = (float(v) for v in args.kind_rates.split(":"))
+        levels.append((a_rate, f_rate))
     rows: list[dict] = []
 
     def left() -> float:
@@ -301,9 +330,10 @@ def main() -> None:
                 lambda b=b, fused=fused: measure(wm, False, fused, b, args.ctx, args.reps),
             )
             dense[(b, fused)] = r.get("tpot_ms")
-    for s in levels:
+    for a_rate, f_rate in levels:
+        s = a_rate if a_rate == f_rate else f"attn {a_rate} / ffn {f_rate}"
         try:
-            routers_at(wm, s, probe)
+            routers_at(wm, a_rate, f_rate, probe)
         except Exception as exc:  # noqa: BLE001
             rows.append({"kind": "tpot", "variant": "wide", "sparsity": s, "B": None, "error": f"routers: {exc}"})
             continue
@@ -311,7 +341,7 @@ def main() -> None:
             for fused in (False, True):
                 r = run(
                     {"kind": "tpot", "variant": "wide", "fused": fused, "B": b, "sparsity": s},
-                    lambda b=b, fused=fused: measure(wm, True, fused, b, args.ctx, args.reps),
+                    lambda b=b, fused=fused, h=(a_rate, f_rate): measure(wm, True, fused, b, args.ctx, args.reps, h),
                 )
                 for key, ref in (
                     ("tpot_speedup", dense.get((b, False))),

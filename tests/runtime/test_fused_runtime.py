@@ -75,3 +75,47 @@ def test_fused_cuda_graph_decode_equals_unfused_on_gpu(routed):
     assert torch.equal(fused, unfused)
     if routed:
         assert torch.equal(fused, _masked_greedy(wm, ids, 8))
+
+
+_NO_KERNEL = {"view", "empty", "empty_strided", "_unsafe_view", "reshape", "select", "slice", "alias", "as_strided",
+              "detach", "t", "unsqueeze", "squeeze", "expand", "lift_fresh", "split", "split_with_sizes"}  # fmt: skip
+
+
+def _ops_of_step(rt, n_layers: int) -> list[str]:
+    """Top-level ops of one fused decode step over the first n layers (a ``wide::`` op is one launch)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from wide.runtime.fused import fused_decode_step
+
+    class Rec(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            ns, name = func.namespace, func.overloadpacket.__name__
+            if ns != "aten" or name not in _NO_KERNEL:
+                self.ops.append(f"{ns}::{name}")
+            return func(*args, **(kwargs or {}))
+
+    saved = rt.fused_layers
+    rt.fused_layers = saved[:n_layers]
+    ids = torch.randint(0, 101, (2, 1))
+    try:
+        with Rec() as rec:
+            fused_decode_step(rt, ids, rt.cache.lens[:2].long()[:, None])
+    finally:
+        rt.fused_layers = saved
+    return rec.ops
+
+
+@pytest.mark.parametrize(("routed", "launches"), [(True, 6), (False, 4)])
+def test_fused_layer_launches_six_kernels_or_fewer(routed, launches):
+    """Per decoder layer the fused step issues only the fused ops (+ the routers): 6 routed, 4 dense."""
+    _, wm = _routed("llama", seed=4)
+    rt = WideRuntime(wm, max_batch=2, max_seq=8, routed=routed, fused_decode=True)
+    rt.prefill(torch.randint(0, 101, (2, 3)))
+    one, two = _ops_of_step(rt, 1), _ops_of_step(rt, 2)
+    assert len(two) - len(one) == launches, (one, two)
+    layer_ops = [op for op in two if op.startswith("wide::")]
+    assert len(layer_ops) == 1 + 2 * launches  # the first layer's norm + two layers
