@@ -59,7 +59,8 @@ if HAS_TRITON:
 
 MAX_BATCH = 16  # decode only: one 16-row tensor-core tile holds the batch
 # Launch-parameter overrides for GPU sweeps (unset: the shape rules below). Keys: "block_k", "num_warps",
-# "num_stages" (the weight-streaming loops), "qkv_slices", "o_block_n", "ffn_block_n", "ffn_chunk".
+# "num_stages" (the weight-streaming loops), "qkv_slices", "o_block_n", "ffn_block_n", "ffn_chunk",
+# "norm_tile" (elements per step of the norm tails).
 TUNE: dict[str, int] = {}
 BLOCK_M = 16
 _LOG2E = 1.4426950408889634
@@ -566,10 +567,11 @@ def _stages(t: torch.Tensor) -> dict:
 
 
 def _norm_blocks(b: int, d: int, t: torch.Tensor) -> dict:
-    """Row and column tile of the single-program RMSNorm passes: [RB, NB] with RB * NB ~ 8192 elements on the
-    GPU (few dependent steps: B 1 covers D 4096 in one), 256 in the interpreter."""
+    """Row and column tile of the single-program RMSNorm passes: [RB, NB] with RB * NB = 4096 elements on the
+    GPU (few dependent steps, while the tail's registers stay below the weight loop's: the tail shares the
+    kernel's register budget and so its occupancy), 256 in the interpreter."""
     rb = max(2, next_pow2(b))
-    total = 8192 if t.is_cuda else 256
+    total = TUNE.get("norm_tile", 4096) if t.is_cuda else 256
     return {"RB": rb, "NB": max(16, min(next_pow2(d), total // rb))}
 
 
