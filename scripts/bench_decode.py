@@ -225,7 +225,7 @@ def _write(out: str, rows: list[dict], meta: dict) -> None:
     with open(os.path.join(out, "decode-h200.json"), "w") as f:
         json.dump({"meta": meta, "records": rows}, f, indent=1)
     lines = [
-        "# Fused decode layer: TPOT (H200, Llama-3.1-8B shapes, random weights, bf16)",
+        f"# Fused decode layer: TPOT ({meta['device']}, Llama-3.1-8B shapes unless --smoke, random weights)",
         "",
         f"Command: `{meta['command']}`",
         "",
