@@ -7,12 +7,21 @@ that route and read its plan:
   attention: routed_gemm_mn (Q) -> routed_attention_prefill / _decode -> routed_gemm_k (O)
   FFN:       routed_swiglu (gate+up, fused) -> routed_gemm_k (down)
 The decisions themselves: router_margin / router_decisions, the one decision rule (docs/routing.md).
+Decode (B <= 16) can run a whole decoder layer through the fused kernels of `fused_decode`
+(`WideRuntime(fused_decode=True)`).
 Every op is a `torch.library` custom op in the `wide::` namespace (torch.compile / CUDA-graph safe, no
 host syncs); on CPU tensors the torch reference runs unless TRITON_INTERPRET=1.
 """
 
 from wide.kernels.attention import decode_num_splits, routed_attention_decode, routed_attention_prefill
 from wide.kernels.attention_reference import attention_decode_ref, attention_prefill_ref
+from wide.kernels.fused_decode import (
+    attention_decode_merged,
+    ffn_residual_norm,
+    fused_rms_norm,
+    o_proj_residual_norm,
+    qkv_rope_cache,
+)
 from wide.kernels.gemm_k import routed_gemm_k
 from wide.kernels.gemm_mn import routed_gemm_mn, routed_swiglu
 from wide.kernels.plan import K_PATHS, MN_PATHS, Plan, mn_dense_below, mn_dense_thresholds, plan, sparsity_bucket
@@ -64,17 +73,22 @@ __all__ = [
     "Plan",
     "RouteIndex",
     "clear_autotune_cache",
+    "attention_decode_merged",
     "attention_decode_ref",
     "attention_prefill_ref",
     "decode_num_splits",
+    "ffn_residual_norm",
+    "fused_rms_norm",
     "gather_scatter_gemm_k",
     "gather_scatter_gemm_n",
     "has_index",
     "mn_dense_below",
     "mn_dense_thresholds",
+    "o_proj_residual_norm",
     "pattern_order",
     "plan",
     "plan_route",
+    "qkv_rope_cache",
     "reorder",
     "reorder_reference",
     "route_mask",

@@ -250,7 +250,9 @@ class WideRuntime:
     your data (``WideModel.start_meter``, ``stop_meter()["per_layer"]``) when it differs. ``force_k``:
     one GEMM-K path ('small' | 'dense' | 'ordered') for O and down instead of the plan's choice.
     ``compile=True``: the layer step runs through ``torch.compile`` (first calls compile; raises
-    dynamo's recompile limit to 64 for the process)."""
+    dynamo's recompile limit to 64 for the process). ``fused_decode=True``: decode steps run the fused
+    decode layer (``wide.runtime.fused``: at most six launches per layer, max_batch <= 16); prefill is
+    unchanged."""
 
     def __init__(
         self,
@@ -263,6 +265,7 @@ class WideRuntime:
         attn_sparsity_hint: float | Sequence[float] | None = None,
         ffn_sparsity_hint: float | Sequence[float] | None = None,
         compile: bool = False,
+        fused_decode: bool = False,
     ):
         self.wm, self.hf = wm, wm.model
         self.layers = decoder_layers(self.hf)
@@ -298,6 +301,12 @@ class WideRuntime:
         if compile:  # one compiled layer step (per static config) serves every layer
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
             self.step = torch.compile(layer_step, dynamic=None)
+        self.fused_layers = None  # fused_decode: decode runs wide.runtime.fused (<= 6 launches per layer)
+        if fused_decode:
+            from wide.runtime.fused import build_fused_layers, check_fused
+
+            check_fused(self, max_batch)
+            self.fused_layers = build_fused_layers(self)
 
     def _layer_weights(self, i: int, layer) -> LayerWeights:
         at, mlp = layer.self_attn, layer.mlp
@@ -424,6 +433,11 @@ class WideRuntime:
             raise ValueError(f"decode: ids on {ids.device}, the model on {self.cache.k.device}")
         b = ids.shape[0]
         pos = self.cache.lens[:b].long()[:, None]  # [B, 1]
-        logits = self._forward(ids, pos, decode=True)
+        if self.fused_layers is not None:
+            from wide.runtime.fused import fused_decode_step
+
+            logits = fused_decode_step(self, ids, pos)
+        else:
+            logits = self._forward(ids, pos, decode=True)
         self.cache.lens[:b] += 1
         return logits

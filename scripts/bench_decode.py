@@ -1,0 +1,392 @@
+"""Decode TPOT of the fused decode layer against today's decode, dense and WIDE (one H200, ~5 minutes).
+
+    python scripts/bench_decode.py --out $OUT            # -> $OUT/decode-h200.json and .md
+
+Llama-3.1-8B shapes with random weights (bf16, 32 layers), B 1 and 16, 4,096 cached tokens, each decode
+step replayed from a CUDA graph. Variants: dense unfused (today's runtime), dense fused
+(``WideRuntime(fused_decode=True)``), WIDE unfused and fused at 0 / 25 / 50 / 70% (random routers whose
+thresholds are fitted so that argmax skips that fraction on a probe: ``wide.bench.e2e.routers_at``), and
+Hugging Face's compiled StaticCache decode of the same model when the time budget allows. Per record:
+TPOT, speed-ups over the same run's dense unfused and dense fused, kernels per step and per layer
+(torch.profiler over one eager step; per layer = 2-layer step - 1-layer step), bytes of weights and KV
+the step reads (from the step's own masks) and the TB/s that makes. A correctness block compares the
+fused and unfused runtimes (logits of one step, 32 greedy tokens). Every variant runs in try/except and
+the whole run stops starting new variants past ``--budget-s``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import os
+import time
+import traceback
+
+import torch
+
+from wide.bench.e2e import LLAMA_8B, build_model
+from wide.config import WideConfig
+from wide.kernels import fused_decode
+from wide.model import WideModel
+from wide.runtime import GraphedDecode, WideRuntime, generate
+from wide.train.threshold_fit import collect_margins, fit_offsets
+
+
+def routers_at(wm: WideModel, attn: float, ffn: float, tokens: torch.Tensor) -> None:
+    """Random router weights; each router's threshold fitted so that argmax skips ``attn`` / ``ffn`` of its
+    groups on ``tokens`` (as ``wide.bench.e2e.routers_at``, with a rate per kind)."""
+    for r in wm.routers:
+        for router in (r.attn, r.ffn):
+            torch.nn.init.normal_(router.up.weight, std=1.0)
+    batch = {"input_ids": tokens, "attention_mask": torch.ones_like(tokens, dtype=torch.bool)}
+    margins, _ = collect_margins(wm, [batch], tokens.device)
+    rates = {key: attn if key[1] == "attn" else ffn for key in margins}
+    for (i, k), d in fit_offsets(margins, rates, "router").items():
+        getattr(wm.routers[i], k).skip_bias.fill_(d)
+
+
+def _median_ms(fn, reps: int) -> float:
+    if not torch.cuda.is_available():  # --smoke on a CPU: wall time
+        t = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        return (time.perf_counter() - t) / reps * 1e3
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return sorted(times)[len(times) // 2]
+
+
+def _count_kernels(fn) -> int | None:
+    """CUDA kernels one call of fn launches (memcpy / memset excluded); None without a GPU."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if not torch.cuda.is_available():
+        return None
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    n = 0
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and not any(s in e.name for s in ("Memcpy", "Memset")):
+            n += 1
+    return n
+
+
+@contextlib.contextmanager
+def _first_layers(rt: WideRuntime, n: int):
+    """The runtime restricted to its first n decoder layers (kernel counting only)."""
+    saved = (rt.weights, dict(rt.step_configs), rt.fused_layers)
+    rt.weights = rt.weights[:n]
+    rt.step_configs = {k: v[:n] for k, v in rt.step_configs.items()}
+    if rt.fused_layers is not None:
+        rt.fused_layers = rt.fused_layers[:n]
+    try:
+        yield
+    finally:
+        rt.weights, rt.step_configs, rt.fused_layers = saved
+
+
+def _bytes_read(rt: WideRuntime, batch: int, ctx: int, masks) -> tuple[int, dict]:
+    """Weights + KV one decode step reads: the groups the batch's union runs (from the step's masks),
+    K/V cache rows of the (token, group) pairs that run, lm_head; norms and embeddings are negligible."""
+    d, el = rt.wm.dims, 2
+    dm, hq, hk, hd = d.hidden, d.n_q_heads, d.n_kv_heads, d.head_dim
+    df = rt.layers[0].mlp.down_proj.weight.shape[1]
+    total, info = 0, {"attn_union_run": [], "ffn_union_run": [], "attn_token_run": [], "ffn_token_run": []}
+    for i in range(d.n_layers):
+        if masks is not None:
+            ma, mf = masks[i]
+            ua, uf = ma.any(0).float().mean().item(), mf.any(0).float().mean().item()
+            ta, tf_ = ma.float().mean().item(), mf.float().mean().item()
+            router = 2 * rt.heads[i][0][0].numel() * el
+        else:
+            ua = uf = ta = tf_ = 1.0
+            router = 0
+        for k, v in (("attn_union_run", ua), ("ffn_union_run", uf), ("attn_token_run", ta), ("ffn_token_run", tf_)):
+            info[k].append(v)
+        q_o = 2 * hq * hd * dm * el * ua
+        kv_w = 2 * hk * hd * dm * el
+        ffn = 3 * df * dm * el * uf
+        kv_cache = batch * (ctx + 1) * hk * hd * 2 * el * ta
+        total += q_o + kv_w + ffn + kv_cache + router
+    total += rt.hf.lm_head.weight.numel() * el
+    summary = {k: sum(v) / len(v) for k, v in info.items()}
+    return int(total), summary
+
+
+def measure(
+    wm: WideModel, routed: bool, fused: bool, batch: int, ctx: int, reps: int, hints: tuple | None = None
+) -> dict:
+    """TPOT of one CUDA-graph decode step at ``ctx`` cached tokens, kernels, bytes and TB/s."""
+    attn_hint, ffn_hint = hints if hints is not None else (None, None)
+    rt = WideRuntime(
+        wm, max_batch=batch, max_seq=ctx + 16, routed=routed, fused_decode=fused,
+        attn_sparsity_hint=attn_hint, ffn_sparsity_hint=ffn_hint,
+    )  # fmt: skip
+    dev = rt.cache.k.device
+    ids = torch.randint(0, wm.dims.vocab, (batch, 1), device=dev)
+    rt.cache.lens.fill_(ctx)  # decode against ctx cached tokens (contents: zeros)
+    lens = rt.cache.lens.clone()
+    step = GraphedDecode(rt, batch) if dev.type == "cuda" else rt.decode
+
+    def decode():
+        rt.cache.lens.copy_(lens)
+        step(ids)
+
+    decode()
+    tpot = _median_ms(decode, reps)
+    masks = None
+    if fused and routed:  # the graph's own router outputs, as the last replay left them
+        decode()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        masks = [(m_a.clone(), m_f.clone()) for m_a, m_f in rt.fused_masks]
+    elif routed:  # same decisions as the fused path up to the norm's rounding: read them from a fused step
+        masks = None
+    nbytes, frac = _bytes_read(rt, batch, ctx, masks)
+
+    def eager():
+        rt.cache.lens.copy_(lens)
+        rt.decode(ids)
+
+    per_step = _count_kernels(eager)
+    with _first_layers(rt, 1):
+        one = _count_kernels(eager)
+    with _first_layers(rt, 2):
+        two = _count_kernels(eager)
+    rt.cache.lens.copy_(lens)
+    out = {
+        "tpot_ms": tpot,
+        "kernels_per_step": per_step,
+        "kernels_per_layer": None if one is None else two - one,
+        "bytes_read": nbytes if masks is not None or not routed else None,
+        "tb_per_s": (nbytes / (tpot * 1e-3) / 1e12) if masks is not None or not routed else None,
+    }
+    if masks is not None:
+        out.update({f"measured_{k}": v for k, v in frac.items()})
+    return out
+
+
+def correctness(wm: WideModel, routed: bool, batch: int, steps: int = 32) -> dict:
+    """Fused vs unfused: relative logits error of one decode step, and greedy tokens over ``steps``."""
+    dev = next(wm.model.parameters()).device
+    torch.manual_seed(1)
+    ids = torch.randint(0, wm.dims.vocab, (batch, 64), device=dev)
+    res = {}
+    outs, logits = {}, {}
+    for fused in (False, True):
+        rt = WideRuntime(wm, max_batch=batch, max_seq=64 + steps + 8, routed=routed, fused_decode=fused)
+        nxt = rt.prefill(ids).argmax(-1, keepdim=True)
+        logits[fused] = rt.decode(nxt).float()
+        outs[fused] = generate(rt, ids, steps)
+        del rt
+    a, b = logits[True], logits[False]
+    res["logits_rel_err"] = ((a - b).norm() / b.norm()).item()
+    res["greedy_equal"] = bool(torch.equal(outs[True], outs[False]))
+    res["greedy_token_agreement"] = (outs[True][:, 64:] == outs[False][:, 64:]).float().mean().item()
+    return res
+
+
+def hf_static_decode(model, batch: int, ctx: int, reps: int) -> dict:
+    """Hugging Face's StaticCache decode, forward compiled with mode='reduce-overhead' (CUDA graphs)."""
+    from transformers import StaticCache
+
+    dev = next(model.parameters()).device
+    cache = StaticCache(config=model.config, max_cache_len=ctx + 16)
+    ids = torch.randint(0, model.config.vocab_size, (batch, 1), device=dev)
+    warm_pos = torch.arange(1, device=dev)
+    with torch.no_grad():
+        model(input_ids=ids, past_key_values=cache, cache_position=warm_pos, use_cache=True)  # initialises the cache
+        fwd = torch.compile(model.forward, mode="reduce-overhead", fullgraph=False)
+        pos = torch.tensor([ctx], device=dev)
+
+        def decode():
+            fwd(input_ids=ids, past_key_values=cache, cache_position=pos, use_cache=True)
+
+        t0 = time.time()
+        for _ in range(3):
+            decode()
+        torch.cuda.synchronize()
+        compile_s = time.time() - t0
+        return {"tpot_ms": _median_ms(decode, reps), "compile_s": compile_s}
+
+
+def _write(out: str, rows: list[dict], meta: dict) -> None:
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "decode-h200.json"), "w") as f:
+        json.dump({"meta": meta, "records": rows}, f, indent=1)
+    lines = [
+        f"# Fused decode layer: TPOT ({meta['device']}, Llama-3.1-8B shapes unless --smoke, random weights)",
+        "",
+        f"Command: `{meta['command']}`",
+        "",
+        "| variant | fused | B | sparsity | measured attn/ffn run (union) | TPOT ms | vs dense | vs dense fused "
+        "| kernels/layer | TB/s | error |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def f(v, p=3):
+        return "" if v is None else (f"{v:.{p}f}" if isinstance(v, float) else str(v))
+
+    for r in rows:
+        if r.get("kind") != "tpot":
+            continue
+        run = ""
+        if "measured_attn_union_run" in r:
+            run = f"{r['measured_attn_union_run']:.2f} / {r['measured_ffn_union_run']:.2f}"
+        lines.append(
+            f"| {r['variant']} | {r.get('fused', '')} | {r['B']} | {f(r.get('sparsity'), 2)} | {run} "
+            f"| {f(r.get('tpot_ms'))} | {f(r.get('tpot_speedup'))} | {f(r.get('tpot_speedup_vs_dense_fused'))} "
+            f"| {f(r.get('kernels_per_layer'))} | {f(r.get('tb_per_s'), 2)} | {(r.get('error') or '')[:60]} |"
+        )
+    lines += ["", "Correctness (fused vs unfused runtime):", ""]
+    for r in rows:
+        if r.get("kind") == "correctness":
+            lines.append(f"- {json.dumps(r)}")
+    with open(os.path.join(out, "decode-h200.md"), "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--batches", default="1,16")
+    ap.add_argument("--sparsities", default="0,0.25,0.5,0.7")
+    ap.add_argument(
+        "--kind-rates",
+        default="0.6:0.41",
+        help="extra level attn:ffn skip rates (default: the shipped SmolLM2 routers' '50%%' per-kind rates)",
+    )
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--layers", type=int, default=LLAMA_8B["num_hidden_layers"])
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--budget-s", type=float, default=280.0)
+    ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="tiny model (CPU interpreter / quick GPU check)")
+    ap.add_argument("--tune", default="", help="fused launch overrides, e.g. ffn_block_n=64,num_stages=4")
+    args = ap.parse_args()
+    for kv in filter(None, args.tune.split(",")):
+        key, val = kv.split("=")
+        fused_decode.TUNE[key] = int(val)
+    t0 = time.time()
+    meta = {
+        "command": "python scripts/bench_decode.py " + " ".join(f"{k}={v}" for k, v in vars(args).items()),
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "torch": torch.__version__,
+        "ctx": args.ctx,
+        "tune": dict(fused_decode.TUNE),
+    }
+    shape = dict(LLAMA_8B, num_hidden_layers=args.layers)
+    dev, dtype = ("cuda", torch.bfloat16) if torch.cuda.is_available() else ("cpu", torch.float32)
+    if args.smoke:
+        shape = dict(shape, hidden_size=128, num_attention_heads=4, num_key_value_heads=2, intermediate_size=256,
+                     vocab_size=101, num_hidden_layers=min(args.layers, 3))  # fmt: skip
+    meta["shape"] = shape
+    batches = [int(b) for b in args.batches.split(",")]
+    levels: list[tuple] = [(float(s), float(s)) for s in args.sparsities.split(",")]
+    if args.kind_rates:
+        a_rate, f_rate = (float(v) for v in args.kind_rates.split(":"))
+        levels.append((a_rate, f_rate))
+    rows: list[dict] = []
+
+    def left() -> float:
+        return args.budget_s - (time.time() - t0)
+
+    def run(rec: dict, fn) -> dict:
+        if left() <= 0:
+            rec["error"] = "skipped: time budget spent"
+        else:
+            try:
+                rec.update(fn())
+            except Exception as exc:  # noqa: BLE001 - record and keep going
+                rec["error"] = f"{type(exc).__name__}: {exc}"[:400]
+                rec["traceback"] = traceback.format_exc()[-1500:]
+        rec["elapsed_s"] = time.time() - t0
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        rows.append(rec)
+        print(json.dumps({k: v for k, v in rec.items() if k != "traceback"}), flush=True)
+        _write(args.out, rows, meta)
+        return rec
+
+    model = build_model(shape, dev, dtype)
+    wm = WideModel(model, WideConfig(ffn_group_size=128 if not args.smoke else 32))
+    probe = torch.randint(0, shape["vocab_size"], (1, 512 if not args.smoke else 32), device=dev)
+    dense = {}
+    for b in batches:
+        for fused in (False, True):
+            r = run(
+                {"kind": "tpot", "variant": "dense", "fused": fused, "B": b, "sparsity": 0.0},
+                lambda b=b, fused=fused: measure(wm, False, fused, b, args.ctx, args.reps),
+            )
+            dense[(b, fused)] = r.get("tpot_ms")
+    for a_rate, f_rate in levels:
+        s = a_rate if a_rate == f_rate else f"attn {a_rate} / ffn {f_rate}"
+        try:
+            routers_at(wm, a_rate, f_rate, probe)
+        except Exception as exc:  # noqa: BLE001
+            rows.append({"kind": "tpot", "variant": "wide", "sparsity": s, "B": None, "error": f"routers: {exc}"})
+            continue
+        for b in batches:
+            for fused in (False, True):
+                r = run(
+                    {"kind": "tpot", "variant": "wide", "fused": fused, "B": b, "sparsity": s},
+                    lambda b=b, fused=fused, h=(a_rate, f_rate): measure(wm, True, fused, b, args.ctx, args.reps, h),
+                )
+                for key, ref in (
+                    ("tpot_speedup", dense.get((b, False))),
+                    ("tpot_speedup_vs_dense_fused", dense.get((b, True))),
+                ):
+                    if r.get("tpot_ms") and ref:
+                        r[key] = ref / r["tpot_ms"]
+        for b in batches:  # unfused WIDE takes the same decisions: its bytes are the fused step's
+            recs = {r["fused"]: r for r in rows if r.get("kind") == "tpot" and r["variant"] == "wide"
+                    and r.get("B") == b and r.get("sparsity") == s}  # fmt: skip
+            uf, fu = recs.get(False), recs.get(True)
+            if uf and fu and uf.get("tpot_ms") and fu.get("bytes_read"):
+                uf["bytes_read"] = fu["bytes_read"]
+                uf["bytes_from"] = "the fused step's masks (same routers, same inputs up to rounding)"
+                uf["tb_per_s"] = fu["bytes_read"] / (uf["tpot_ms"] * 1e-3) / 1e12
+                uf.update({k: v for k, v in fu.items() if k.startswith("measured_")})
+        _write(args.out, rows, meta)
+        if s == 0.5:
+            for b in (1,):
+                run(
+                    {"kind": "correctness", "variant": "wide", "B": b, "sparsity": s},
+                    lambda b=b: correctness(wm, True, b),
+                )
+    run({"kind": "correctness", "variant": "dense", "B": 1, "sparsity": 0.0}, lambda: correctness(wm, False, 1))
+    for b in batches:  # dense speed-ups of the fused dense rows
+        for r in rows:
+            if r.get("kind") == "tpot" and r["variant"] == "dense" and r.get("B") == b and r.get("tpot_ms"):
+                if dense.get((b, False)):
+                    r["tpot_speedup"] = dense[(b, False)] / r["tpot_ms"]
+                if dense.get((b, True)):
+                    r["tpot_speedup_vs_dense_fused"] = dense[(b, True)] / r["tpot_ms"]
+    wm.detach()
+    if not args.no_hf and dev == "cuda":
+        for b in batches:
+            rec = {"kind": "tpot", "variant": "hf_static_compiled", "B": b, "sparsity": 0.0}
+            if left() < 120:
+                rec["error"] = "skipped: less than 120 s of the time budget left for torch.compile"
+                rows.append(rec)
+                continue
+            r = run(rec, lambda b=b: hf_static_decode(model, b, args.ctx, args.reps))
+            if r.get("tpot_ms") and dense.get((b, False)):
+                r["tpot_speedup"] = dense[(b, False)] / r["tpot_ms"]
+    meta["wall_s"] = time.time() - t0
+    _write(args.out, rows, meta)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,905 @@
+"""A fused decode layer: the decoder layer of one decode step in four kernels (+ two router launches).
+
+At decode (M = B tokens, B 1..16) every kernel here reads its weights once, skipping the groups that no
+token of the batch runs (the union of the batch's masks), and reduces across programs inside the kernel
+in a fixed order (deterministic, no second "sum the splits" launch). Per decoder layer (docs/kernels.md,
+"Fused decode layer"):
+
+  [router_decisions(h)]      attention mask [B, Hk]            (wide.kernels.router, routed only)
+  qkv_rope_cache             [Q; K; V] GEMV (Q heads of groups no token runs: skipped), + bias,
+                             Qwen3 q/k RMSNorm, RoPE; Q -> q [B, Hq, d], K/V -> the cache at pos
+  attention_decode_merged    split-KV decode attention; the last split of a (token, group) to finish
+                             merges the splits (log-sum-exp, split order)
+  o_proj_residual_norm       x + O·o (+ bias) -> x'; the last program normalises x' -> h' (next norm)
+  [router_decisions(h')]     FFN mask [B, G]                    (routed only)
+  ffn_residual_norm          producers: gate/up -> SwiGLU per (group, channel chunk) into an [B, D']
+                             scratch; consumers: down + residual per output tile once every producer
+                             arrived; the last consumer normalises x'' with the next norm's weight
+
+The routers stay the project's own op on the normed h that these kernels write, so a decision is the
+one ``router_decisions`` takes on that h (``wide.kernels.router``). The normalisation itself is this
+module's ``_norm_rows`` (fp32 inside, rounded to the model dtype, times the weight, as
+``wide.runtime.model.rms_norm``); its reduction order is the kernel's, so h equals torch's up to fp32
+rounding of the mean (see tests/kernels/test_fused_decode.py).
+
+The FFN's producer/consumer split is one launch: every program draws a ticket (an atomic counter) and
+the first P1 tickets are producers, the rest consumers. A consumer only ever waits for programs that
+drew an earlier ticket, which are already running or done, so the wait cannot deadlock; under the CPU
+interpreter programs run in ticket order and never wait. The SwiGLU intermediate goes through a
+[B, D'] scratch (at most 16 x D' values: it stays in L2) instead of per-program [B, D] fp32 partials.
+
+Every op is a ``torch.library`` custom op (CUDA-graph safe, no host sync); the counters come from the
+zeroed per-stream buffer of ``_split_reduce`` and every kernel leaves them zeroed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from ._split_reduce import tile_counters
+from ._triton_utils import (
+    HAS_TRITON,
+    check_dtype,
+    interpret_mode,
+    largest_pow2_divisor,
+    next_pow2,
+    pdl_launch,
+    use_triton,
+)
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    from ._split_reduce import arrive
+    from ._triton_utils import pdl_begin
+
+MAX_BATCH = 16  # decode only: one 16-row tensor-core tile holds the batch
+# Launch-parameter overrides for GPU sweeps (unset: the shape rules below). Keys: "block_k", "num_warps",
+# "num_stages" (the weight-streaming loops), "qkv_slices", "o_block_n", "ffn_block_n", "ffn_chunk",
+# "norm_tile" (elements per step of the norm tails).
+TUNE: dict[str, int] = {}
+BLOCK_M = 16
+_LOG2E = 1.4426950408889634
+
+
+# --------------------------------------------------------------------------------------------------
+# Torch references (the semantics, in the order torch computes them)
+# --------------------------------------------------------------------------------------------------
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama RMSNorm as ``wide.runtime.model.rms_norm``: fp32 inside, x's dtype out, times the weight."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+def qkv_rope_cache_ref(
+    h: torch.Tensor,
+    w_qkv: torch.Tensor,
+    b_qkv: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    pos: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    n_q: int,
+    q_norm: torch.Tensor | None = None,
+    k_norm: torch.Tensor | None = None,
+    qk_eps: float = 0.0,
+) -> torch.Tensor:
+    """h [B, D], w_qkv [(Hq + 2 Hk) d, D], cos/sin [B, d], pos [B] -> q [B, Hq, d] (RoPE'd); writes the
+    RoPE'd K and V of token b at k_cache/v_cache [b, pos[b]] ([B_max, S, Hk, d]). Every Q head is
+    computed (the kernel leaves heads of groups no token runs unspecified)."""
+    b = h.shape[0]
+    hk, d = k_cache.shape[2], k_cache.shape[3]
+    q, k, v = F.linear(h, w_qkv, b_qkv).split([n_q * d, hk * d, hk * d], dim=-1)
+    q, k, v = q.view(b, n_q, d), k.view(b, hk, d), v.view(b, hk, d)
+    if q_norm is not None:
+        q, k = rms_norm_ref(q, q_norm, qk_eps), rms_norm_ref(k, k_norm, qk_eps)
+    c, s = cos[:, None, :].to(h.dtype), sin[:, None, :].to(h.dtype)
+    q, k = q * c + _rotate_half(q) * s, k * c + _rotate_half(k) * s
+    idx = torch.arange(b, device=h.device)
+    k_cache[idx, pos.long()] = k
+    v_cache[idx, pos.long()] = v
+    return q
+
+
+def o_proj_residual_norm_ref(
+    o: torch.Tensor,
+    wo: torch.Tensor,
+    bo: torch.Tensor | None,
+    x: torch.Tensor,
+    norm_w: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """o [B, Hq d] (zeros where a group is skipped), x [B, D] -> (x + O o (+ bo), rms_norm of it)."""
+    y = F.linear(o, wo)
+    if bo is not None:
+        y = y + bo
+    xn = x + y
+    return xn, rms_norm_ref(xn, norm_w, eps)
+
+
+def ffn_residual_norm_ref(
+    h: torch.Tensor,
+    w_gate: torch.Tensor,
+    w_up: torch.Tensor,
+    w_down: torch.Tensor,
+    mask: torch.Tensor | None,
+    x: torch.Tensor,
+    norm_w: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """h, x [B, D]; mask [B, G] bool or None (dense) -> (x + down(silu(gate h) * up h) with the channels
+    of skipped groups zero, rms_norm of it)."""
+    a = F.silu(F.linear(h, w_gate)) * F.linear(h, w_up)  # [B, D']
+    if mask is not None:
+        a = a * mask.repeat_interleave(w_gate.shape[0] // mask.shape[1], dim=-1).to(a.dtype)
+    xn = x + F.linear(a, w_down)
+    return xn, rms_norm_ref(xn, norm_w, eps)
+
+
+# --------------------------------------------------------------------------------------------------
+# Triton kernels
+# --------------------------------------------------------------------------------------------------
+if HAS_TRITON:
+
+    @triton.jit
+    def _arrive_n(counter_ptr, n):
+        """``_split_reduce.arrive`` for a runtime program count: True for the last of n arrivals (resets)."""
+        tl.debug_barrier()
+        ticket = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
+        last = ticket == n - 1
+        if last:
+            tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")
+        return last
+
+    @triton.jit
+    def _any_row(mask_ptr, g, B, NG, BM: tl.constexpr):
+        """True when some token b < B runs group g (mask [B, NG] uint8)."""
+        offs = tl.arange(0, BM)
+        m = tl.load(mask_ptr + offs * NG + g, mask=offs < B, other=0)
+        return tl.max(m.to(tl.int32), 0) > 0
+
+    @triton.jit
+    def _routed_k_loop(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, K, mask_ptr, B, NG, G, ROUTED: tl.constexpr,
+                       BM: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr, CG: tl.constexpr):  # fmt: skip
+        """acc [BM, BLOCK_N] += a[:, k] W[n, k]^T over K (a: [B, K], W: [N, K], row-major), reading no column
+        of a group no token runs. BLOCK_K divides the group width G, so a step lies in one group and its
+        predicate is one scalar (the loads stay vectorised and the loop pipelined)."""
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            in_k = offs_k < K
+            if ROUTED:
+                in_k = in_k & (tl.zeros([BLOCK_K], tl.int32) + _any_row(mask_ptr, k0 // G, B, NG, BM).to(tl.int32) > 0)
+            am = in_m[:, None] & in_k[None, :]
+            if CG:  # written earlier in the same kernel by other programs
+                a = tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=am, other=0.0, cache_modifier=".cg")
+            else:
+                a = tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=am, other=0.0)
+            w = tl.load(w_ptr + offs_n.to(tl.int64)[:, None] * K + offs_k[None, :], mask=in_n[:, None] & in_k[None, :],
+                        other=0.0)  # fmt: skip
+            acc = tl.dot(a, tl.trans(w), acc, input_precision=PREC)
+        return acc
+
+    @triton.jit
+    def _norm_apply(x_ptr, w_ptr, h_ptr, rs, B, D, RB: tl.constexpr, NB: tl.constexpr):
+        """h[b] = w * (x[b] * rs[b]).to(dtype) for b < B; rs: [RB] fp32; [RB, NB] tiles (rows of stride D).
+        Reads x with .cg: the rows were written by other programs of the same kernel."""
+        offs_r = tl.arange(0, RB)
+        in_r = offs_r < B
+        for d0 in range(0, D, NB):
+            offs = d0 + tl.arange(0, NB)
+            inb = offs < D
+            m2 = in_r[:, None] & inb[None, :]
+            v = tl.load(x_ptr + offs_r[:, None] * D + offs[None, :], mask=m2, other=0.0, cache_modifier=".cg")
+            w = tl.load(w_ptr + offs, mask=inb, other=0.0).to(tl.float32)
+            hn = (v.to(tl.float32) * rs[:, None]).to(h_ptr.dtype.element_ty).to(tl.float32)
+            tl.store(h_ptr + offs_r[:, None] * D + offs[None, :], (w[None, :] * hn).to(h_ptr.dtype.element_ty), mask=m2)
+
+    @triton.jit
+    def _norm_rows(x_ptr, w_ptr, h_ptr, B, D, eps, RB: tl.constexpr, NB: tl.constexpr):
+        """RMSNorm of rows b < B: sum of squares over [RB, NB] tiles, then ``_norm_apply``."""
+        offs_r = tl.arange(0, RB)
+        in_r = offs_r < B
+        ss = tl.zeros([RB, NB], tl.float32)
+        for d0 in range(0, D, NB):
+            offs = d0 + tl.arange(0, NB)
+            m2 = in_r[:, None] & (offs < D)[None, :]
+            v = tl.load(x_ptr + offs_r[:, None] * D + offs[None, :], mask=m2, other=0.0, cache_modifier=".cg")
+            v = v.to(tl.float32)
+            ss += v * v
+        rs = tl.math.rsqrt(tl.sum(ss, 1) / D + eps)
+        _norm_apply(x_ptr, w_ptr, h_ptr, rs, B, D, RB, NB)
+
+    @triton.jit
+    def _norm_tail(x_ptr, w_ptr, h_ptr, ss_ptr, n_tiles, B, D, eps, BM: tl.constexpr, T_P: tl.constexpr,
+                   RB: tl.constexpr, NB: tl.constexpr):  # fmt: skip
+        """The last program of a kernel whose n_tiles programs each wrote their columns' sum of squares per
+        row (ss [n_tiles, BM] fp32): sums them in tile order, then normalises every row."""
+        offs_t = tl.arange(0, T_P)
+        offs_r = tl.arange(0, RB)
+        p = tl.load(ss_ptr + offs_t[:, None] * BM + offs_r[None, :], mask=(offs_t < n_tiles)[:, None], other=0.0,
+                    cache_modifier=".cg")  # fmt: skip
+        rs = tl.math.rsqrt(tl.sum(p, 0) / D + eps)  # [RB]
+        _norm_apply(x_ptr, w_ptr, h_ptr, rs, B, D, RB, NB)
+
+    @triton.jit
+    def _pick(a_ptr, b_ptr, offs, first):
+        """a[offs] where ``first`` else b[offs], as fp32."""
+        return tl.where(first, tl.load(a_ptr + offs).to(tl.float32), tl.load(b_ptr + offs).to(tl.float32))
+
+    @triton.jit
+    def _norm_kernel(x_ptr, w_ptr, h_ptr, B, D, eps, RB: tl.constexpr, NB: tl.constexpr, PDL: tl.constexpr):
+        pdl_begin(PDL)
+        _norm_rows(x_ptr, w_ptr, h_ptr, B, D, eps, RB, NB)
+
+    @triton.jit
+    def _qkv_kernel(
+        h_ptr,  # [B, D]
+        w_ptr,  # [(HQ + 2 HK) * HEAD_D, D]
+        bias_ptr,  # [(HQ + 2 HK) * HEAD_D] or dummy
+        mask_ptr,  # [B, HK] uint8 (routed) or dummy
+        cos_ptr,  # [B, HEAD_D] fp32
+        sin_ptr,
+        qn_ptr,  # [HEAD_D] q norm weight (Qwen3) or dummy
+        kn_ptr,
+        pos_ptr,  # [B] int: the slot each token's K/V goes to
+        q_ptr,  # [B, HQ, HEAD_D] out
+        kc_ptr,  # [B_max, S, HK, HEAD_D] (strided)
+        vc_ptr,
+        B,
+        D,
+        qk_eps,
+        s_kb, s_ks, s_kh, s_vb, s_vs, s_vh,
+        HQ: tl.constexpr,
+        HK: tl.constexpr,
+        HEAD_D: tl.constexpr,
+        RS: tl.constexpr,  # row slices per head (RS = 1 with q/k norm: it needs the whole head)
+        ROUTED: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        QK_NORM: tl.constexpr,
+        BM: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        PREC: tl.constexpr,
+        PDL: tl.constexpr,
+    ):  # fmt: skip
+        pdl_begin(PDL)
+        pid = tl.program_id(0)
+        head = pid // RS
+        s = pid % RS
+        HPG: tl.constexpr = HQ // HK
+        if ROUTED:  # noqa: SIM102 - constexpr branch, then a runtime one
+            skip = (head < HQ) & (_any_row(mask_ptr, tl.minimum(head // HPG, HK - 1), B, HK, BM) == 0)
+            if skip:
+                return  # no token runs this head's group: its Q stays unspecified (attention skips it)
+        HALF: tl.constexpr = HEAD_D // 2
+        SUB: tl.constexpr = HALF // RS
+        offs_m = tl.arange(0, BM)
+        in_m = offs_m < B
+        cols_lo = s * SUB + tl.arange(0, SUB)  # [SUB] columns of the head, and their RoPE partners
+        cols_hi = cols_lo + HALF
+        rows_lo = head * HEAD_D + cols_lo
+        rows_hi = head * HEAD_D + cols_hi
+        acc_lo = tl.zeros([BM, SUB], tl.float32)
+        acc_hi = tl.zeros([BM, SUB], tl.float32)
+        for k0 in range(0, D, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            in_k = offs_k < D
+            a = tl.load(h_ptr + offs_m[:, None] * D + offs_k[None, :], mask=in_m[:, None] & in_k[None, :], other=0.0)
+            w_lo = tl.load(w_ptr + rows_lo.to(tl.int64)[:, None] * D + offs_k[None, :], mask=in_k[None, :], other=0.0)
+            w_hi = tl.load(w_ptr + rows_hi.to(tl.int64)[:, None] * D + offs_k[None, :], mask=in_k[None, :], other=0.0)
+            acc_lo = tl.dot(a, tl.trans(w_lo), acc_lo, input_precision=PREC)
+            acc_hi = tl.dot(a, tl.trans(w_hi), acc_hi, input_precision=PREC)
+        dt = h_ptr.dtype.element_ty
+        if HAS_BIAS:
+            acc_lo += tl.load(bias_ptr + rows_lo).to(tl.float32)[None, :]
+            acc_hi += tl.load(bias_ptr + rows_hi).to(tl.float32)[None, :]
+        y_lo = acc_lo.to(dt).to(tl.float32)  # F.linear's output dtype
+        y_hi = acc_hi.to(dt).to(tl.float32)
+        pos = tl.load(pos_ptr + offs_m, mask=in_m, other=0).to(tl.int64)
+        if head < HQ + HK:  # Q or K: (q/k norm) + RoPE
+            if QK_NORM:
+                var = (tl.sum(y_lo * y_lo, 1) + tl.sum(y_hi * y_hi, 1)) / HEAD_D
+                rs = tl.math.rsqrt(var + qk_eps)
+                y_lo = (y_lo * rs[:, None]).to(dt).to(tl.float32) * _pick(qn_ptr, kn_ptr, cols_lo, head < HQ)[None, :]
+                y_hi = (y_hi * rs[:, None]).to(dt).to(tl.float32) * _pick(qn_ptr, kn_ptr, cols_hi, head < HQ)[None, :]
+                y_lo = y_lo.to(dt).to(tl.float32)
+                y_hi = y_hi.to(dt).to(tl.float32)
+            c_lo = tl.load(cos_ptr + offs_m[:, None] * HEAD_D + cols_lo[None, :], mask=in_m[:, None], other=0.0)
+            c_hi = tl.load(cos_ptr + offs_m[:, None] * HEAD_D + cols_hi[None, :], mask=in_m[:, None], other=0.0)
+            s_lo = tl.load(sin_ptr + offs_m[:, None] * HEAD_D + cols_lo[None, :], mask=in_m[:, None], other=0.0)
+            s_hi = tl.load(sin_ptr + offs_m[:, None] * HEAD_D + cols_hi[None, :], mask=in_m[:, None], other=0.0)
+            r_lo = y_lo * c_lo - y_hi * s_lo  # rotate_half: [-hi, lo]
+            r_hi = y_hi * c_hi + y_lo * s_hi
+            if head < HQ:
+                q_base = q_ptr + offs_m[:, None] * (HQ * HEAD_D) + head * HEAD_D
+                tl.store(q_base + cols_lo[None, :], r_lo.to(q_ptr.dtype.element_ty), mask=in_m[:, None])
+                tl.store(q_base + cols_hi[None, :], r_hi.to(q_ptr.dtype.element_ty), mask=in_m[:, None])
+            else:
+                kh = head - HQ
+                base = kc_ptr + offs_m.to(tl.int64)[:, None] * s_kb + pos[:, None] * s_ks + kh * s_kh
+                tl.store(base + cols_lo[None, :], r_lo.to(kc_ptr.dtype.element_ty), mask=in_m[:, None])
+                tl.store(base + cols_hi[None, :], r_hi.to(kc_ptr.dtype.element_ty), mask=in_m[:, None])
+        else:  # V: straight into the cache
+            vh = head - HQ - HK
+            base = vc_ptr + offs_m.to(tl.int64)[:, None] * s_vb + pos[:, None] * s_vs + vh * s_vh
+            tl.store(base + cols_lo[None, :], y_lo.to(vc_ptr.dtype.element_ty), mask=in_m[:, None])
+            tl.store(base + cols_hi[None, :], y_hi.to(vc_ptr.dtype.element_ty), mask=in_m[:, None])
+
+    @triton.jit
+    def _attn_kernel(
+        q_ptr, kc_ptr, vc_ptr, lens_ptr, mask_ptr, o_ptr, op_ptr, lse_ptr, cnt_ptr,
+        qk_scale, LEN_ADD,
+        s_kb, s_ks, s_kh, s_vb, s_vs, s_vh,
+        HQ: tl.constexpr, HK: tl.constexpr, HPG_P: tl.constexpr, HEAD_D: tl.constexpr,
+        BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, NS_P: tl.constexpr, PREC: tl.constexpr,
+        PDL: tl.constexpr,
+    ):  # fmt: skip
+        """One program per (token b, KV group g, split): online softmax over its slice of the cache;
+        the last split of (b, g) to arrive merges the splits' partials by log-sum-exp in split order.
+        A skipped (b, g) reads no KV: split 0 writes the zeros. q/o: [B, HQ, HEAD_D] contiguous."""
+        pdl_begin(PDL)
+        HPG: tl.constexpr = HQ // HK
+        bg = tl.program_id(0)  # b * HK + g
+        split = tl.program_id(1)
+        b = bg // HK
+        g = bg % HK
+        b64 = b.to(tl.int64)
+        act = tl.load(mask_ptr + bg).to(tl.int32)
+        hh = tl.arange(0, HPG_P)
+        hmask = hh < HPG
+        head = g * HPG + hh
+        offs_d = tl.arange(0, HEAD_D)
+        o_ptrs = o_ptr + (b64 * HQ + head)[:, None] * HEAD_D + offs_d[None, :]
+        if act == 0:
+            if split == 0:
+                tl.store(o_ptrs, tl.zeros([HPG_P, HEAD_D], o_ptr.dtype.element_ty), mask=hmask[:, None])
+            return
+        n_len = tl.load(lens_ptr + b).to(tl.int32) + LEN_ADD
+        chunk = tl.cdiv(tl.cdiv(n_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        lo = split * chunk
+        hi = tl.minimum(lo + chunk, n_len)
+        q = tl.load(q_ptr + (b64 * HQ + head)[:, None] * HEAD_D + offs_d[None, :], mask=hmask[:, None], other=0.0)
+        offs_n = tl.arange(0, BLOCK_N)
+        k_base = kc_ptr + b64 * s_kb + g * s_kh + offs_d[None, :]
+        v_base = vc_ptr + b64 * s_vb + g * s_vh + offs_d[None, :]
+        m_i = tl.full([HPG_P], float("-inf"), tl.float32)
+        l_i = tl.zeros([HPG_P], tl.float32)
+        acc = tl.zeros([HPG_P, HEAD_D], tl.float32)
+        for n0 in range(lo, hi, BLOCK_N):
+            kn = n0 + offs_n
+            kin = kn < hi
+            k = tl.load(k_base + kn[:, None].to(tl.int64) * s_ks, mask=kin[:, None], other=0.0)
+            v = tl.load(v_base + kn[:, None].to(tl.int64) * s_vs, mask=kin[:, None], other=0.0)
+            qk = tl.dot(q, tl.trans(k), input_precision=PREC)
+            qk = tl.where(kin[None, :], qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
+            p = tl.math.exp2(qk * qk_scale - m_safe[:, None])
+            alpha = tl.math.exp2(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+            m_i = m_new
+        if NUM_SPLITS == 1:
+            out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+            tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=hmask[:, None])
+        else:
+            out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+            lse = tl.where(l_i > 0, m_i + tl.math.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
+            row = (bg * HPG_P + hh) * NUM_SPLITS + split  # op [B*HK, HPG_P, NS, D], lse [B*HK, HPG_P, NS]
+            tl.store(op_ptr + row[:, None] * HEAD_D + offs_d[None, :], out)
+            tl.store(lse_ptr + row, lse)
+            if arrive(cnt_ptr + bg, NUM_SPLITS):  # merge: weights from every split's LSE, then a fixed-order sum
+                ss = tl.arange(0, NS_P)
+                lses = tl.load(lse_ptr + (bg * HPG_P + hh)[:, None] * NUM_SPLITS + ss[None, :],
+                               mask=(ss < NUM_SPLITS)[None, :], other=float("-inf"), cache_modifier=".cg")  # fmt: skip
+                mx = tl.max(lses, 1)
+                mx = tl.where(mx > float("-inf"), mx, 0.0)
+                tot = tl.sum(tl.where(lses > float("-inf"), tl.math.exp2(lses - mx[:, None]), 0.0), 1)
+                inv = 1.0 / tl.where(tot > 0, tot, 1.0)
+                merged = tl.zeros([HPG_P, HEAD_D], tl.float32)
+                for sp in range(0, NUM_SPLITS):
+                    rw = (bg * HPG_P + hh) * NUM_SPLITS + sp
+                    ls = tl.load(lse_ptr + rw, cache_modifier=".cg")
+                    wgt = tl.where(ls > float("-inf"), tl.math.exp2(ls - mx), 0.0) * inv
+                    part = tl.load(op_ptr + rw[:, None] * HEAD_D + offs_d[None, :], cache_modifier=".cg")
+                    merged += part * wgt[:, None]
+                tl.store(o_ptrs, merged.to(o_ptr.dtype.element_ty), mask=hmask[:, None])
+
+    @triton.jit
+    def _o_kernel(
+        o_ptr,  # [B, K] (K = HQ * d; zeros where a (token, group) is skipped)
+        w_ptr,  # [D, K]
+        bias_ptr,  # [D] or dummy
+        mask_ptr,  # [B, NG] uint8 or dummy
+        x_ptr,  # [B, D] residual in
+        xo_ptr,  # [B, D] residual out
+        nw_ptr,  # [D] next norm weight
+        h_ptr,  # [B, D] normed out
+        ss_ptr,  # [n_tiles, BM] fp32: each tile's sum of squares per row
+        cnt_ptr,
+        B, D, K, NG, G, eps,
+        ROUTED: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr, T_P: tl.constexpr, RB: tl.constexpr, NB: tl.constexpr, PREC: tl.constexpr,
+        PDL: tl.constexpr,
+    ):  # fmt: skip
+        """One program per BLOCK_N output columns, the whole (active) reduction axis: no split. The
+        last program to finish normalises the new residual rows."""
+        pdl_begin(PDL)
+        pid = tl.program_id(0)
+        offs_m = tl.arange(0, BM)
+        in_m = offs_m < B
+        offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        in_n = offs_n < D
+        acc = tl.zeros([BM, BLOCK_N], tl.float32)
+        acc = _routed_k_loop(acc, o_ptr, w_ptr, offs_m, in_m, offs_n, in_n, K, mask_ptr, B, NG, G, ROUTED, BM, BLOCK_K,
+                             PREC, False)  # fmt: skip
+        dt = xo_ptr.dtype.element_ty
+        y = acc.to(dt)
+        if HAS_BIAS:
+            y = (y.to(tl.float32) + tl.load(bias_ptr + offs_n, mask=in_n, other=0.0).to(tl.float32)[None, :]).to(dt)
+        io = offs_m[:, None] * D + offs_n[None, :]
+        msk = in_m[:, None] & in_n[None, :]
+        xr = tl.load(x_ptr + io, mask=msk, other=0.0).to(tl.float32)
+        xn = (xr + y.to(tl.float32)).to(dt)
+        tl.store(xo_ptr + io, xn, mask=msk)
+        xf = tl.where(msk, xn.to(tl.float32), 0.0)
+        tl.store(ss_ptr + pid * BM + offs_m, tl.sum(xf * xf, 1))
+        if _arrive_n(cnt_ptr, tl.num_programs(0)):
+            _norm_tail(xo_ptr, nw_ptr, h_ptr, ss_ptr, tl.num_programs(0), B, D, eps, BM, T_P, RB, NB)
+
+    @triton.jit
+    def _wait_for(cnt_ptr, n):
+        done = tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu")
+        while done < n:
+            done = tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu")
+
+    @triton.jit
+    def _ffn_kernel(
+        h_ptr,  # [B, D] normed input
+        wg_ptr,  # [DF, D]
+        wu_ptr,  # [DF, D]
+        wd_ptr,  # [D, DF]
+        mask_ptr,  # [B, NG] uint8 or dummy
+        a_ptr,  # [B, DF] scratch (dtype): the SwiGLU output
+        x_ptr,  # [B, D] residual in
+        xo_ptr,  # [B, D] residual out
+        nw_ptr,  # [D] next norm weight
+        hn_ptr,  # [B, D] normed out
+        ss_ptr,  # [consumers, BM] fp32: each output tile's sum of squares per row
+        cnt_ptr,  # 3 counters: tickets, producers done, consumers done
+        B, D, DF, NG, G, eps,
+        CPG: tl.constexpr,  # channel chunks per group (producers: NG * CPG)
+        CH: tl.constexpr,  # channels per chunk (G = CPG * CH)
+        ROUTED: tl.constexpr, BM: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_KD: tl.constexpr, T_P: tl.constexpr, RB: tl.constexpr, NB: tl.constexpr, PREC: tl.constexpr,
+        PDL: tl.constexpr,
+    ):  # fmt: skip
+        pdl_begin(PDL)
+        n_prod = NG * CPG
+        n_cons = tl.num_programs(0) - n_prod
+        ticket = tl.atomic_add(cnt_ptr, 1, sem="relaxed", scope="gpu")
+        offs_m = tl.arange(0, BM)
+        in_m = offs_m < B
+        dt = xo_ptr.dtype.element_ty
+        if ticket < n_prod:  # producer: a[:, chunk] = silu(h Wg^T) * (h Wu^T), zero where the group is skipped
+            g = ticket // CPG
+            run = True
+            if ROUTED:
+                run = _any_row(mask_ptr, g, B, NG, BM)
+            if run:
+                offs_c = g * G + (ticket % CPG) * CH + tl.arange(0, CH)
+                in_c = offs_c < (g + 1) * G
+                acc_g = tl.zeros([BM, CH], tl.float32)
+                acc_u = tl.zeros([BM, CH], tl.float32)
+                for k0 in range(0, D, BLOCK_K):
+                    offs_k = k0 + tl.arange(0, BLOCK_K)
+                    in_k = offs_k < D
+                    a = tl.load(h_ptr + offs_m[:, None] * D + offs_k[None, :], mask=in_m[:, None] & in_k[None, :],
+                                other=0.0)  # fmt: skip
+                    wmask = in_c[:, None] & in_k[None, :]
+                    wg = tl.load(wg_ptr + offs_c.to(tl.int64)[:, None] * D + offs_k[None, :], mask=wmask, other=0.0)
+                    wu = tl.load(wu_ptr + offs_c.to(tl.int64)[:, None] * D + offs_k[None, :], mask=wmask, other=0.0)
+                    acc_g = tl.dot(a, tl.trans(wg), acc_g, input_precision=PREC)
+                    acc_u = tl.dot(a, tl.trans(wu), acc_u, input_precision=PREC)
+                gv = acc_g.to(dt).to(tl.float32)  # F.linear outputs in the model dtype
+                uv = acc_u.to(dt).to(tl.float32)
+                sg = (gv / (1.0 + tl.exp(-gv))).to(dt).to(tl.float32)  # F.silu in the model dtype
+                av = sg * uv
+                if ROUTED:
+                    tok = tl.load(mask_ptr + offs_m * NG + g, mask=in_m, other=0).to(tl.int32)
+                    av = tl.where(tok[:, None] > 0, av, 0.0)
+                tl.store(a_ptr + offs_m[:, None] * DF + offs_c[None, :], av.to(dt), mask=in_m[:, None] & in_c[None, :])
+            tl.debug_barrier()
+            tl.atomic_add(cnt_ptr + 1, 1, sem="release", scope="gpu")
+        else:  # consumer: rows [j*BLOCK_N, ...) of x + a Wd^T, once every producer is done
+            j = ticket - n_prod
+            offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
+            in_n = offs_n < D
+            _wait_for(cnt_ptr + 1, n_prod)
+            acc = tl.zeros([BM, BLOCK_N], tl.float32)
+            acc = _routed_k_loop(acc, a_ptr, wd_ptr, offs_m, in_m, offs_n, in_n, DF, mask_ptr, B, NG, G, ROUTED, BM,
+                                 BLOCK_KD, PREC, True)  # fmt: skip
+            io = offs_m[:, None] * D + offs_n[None, :]
+            msk = in_m[:, None] & in_n[None, :]
+            xr = tl.load(x_ptr + io, mask=msk, other=0.0).to(tl.float32)
+            xn = (xr + acc.to(dt).to(tl.float32)).to(dt)
+            tl.store(xo_ptr + io, xn, mask=msk)
+            xf = tl.where(msk, xn.to(tl.float32), 0.0)
+            tl.store(ss_ptr + j * BM + offs_m, tl.sum(xf * xf, 1))
+            if _arrive_n(cnt_ptr + 2, n_cons):  # the last consumer: counters back to 0, then the next norm
+                tl.atomic_xchg(cnt_ptr, 0, sem="relaxed", scope="gpu")
+                tl.atomic_xchg(cnt_ptr + 1, 0, sem="relaxed", scope="gpu")
+                _norm_tail(xo_ptr, nw_ptr, hn_ptr, ss_ptr, n_cons, B, D, eps, BM, T_P, RB, NB)
+
+
+# --------------------------------------------------------------------------------------------------
+# Launch configuration
+# --------------------------------------------------------------------------------------------------
+def _prec(t: torch.Tensor) -> str:
+    return "ieee" if t.dtype == torch.float32 else "tf32"
+
+
+def _sms(t: torch.Tensor) -> int:
+    if t.is_cuda:
+        return torch.cuda.get_device_properties(t.device).multi_processor_count
+    return 132
+
+
+def _gemv_blocks(t: torch.Tensor) -> tuple[int, int]:
+    """(BLOCK_K, num_warps) of the weight-streaming loops: wide K tiles on the GPU, small in the interpreter."""
+    if not t.is_cuda:
+        return 64, 1
+    return TUNE.get("block_k", 256), TUNE.get("num_warps", 4)
+
+
+def _stages(t: torch.Tensor) -> dict:
+    return {"num_stages": TUNE["num_stages"]} if t.is_cuda and "num_stages" in TUNE else {}
+
+
+def _norm_blocks(b: int, d: int, t: torch.Tensor) -> dict:
+    """Row and column tile of the single-program RMSNorm passes: [RB, NB] with RB * NB = 4096 elements on the
+    GPU (few dependent steps, while the tail's registers stay below the weight loop's: the tail shares the
+    kernel's register budget and so its occupancy), 256 in the interpreter."""
+    rb = max(2, next_pow2(b))
+    total = TUNE.get("norm_tile", 4096) if t.is_cuda else 256
+    return {"RB": rb, "NB": max(16, min(next_pow2(d), total // rb))}
+
+
+def qkv_row_slices(head_dim: int, qk_norm: bool, n_heads: int, sms: int) -> int:
+    """Row slices per head for the QKV kernel: enough programs for ~2 per SM, each slice >= 16 rows."""
+    if qk_norm:
+        return 1
+    rs = 1
+    while rs * 2 * 32 <= head_dim and n_heads * rs < 2 * sms:
+        rs *= 2
+    return rs
+
+
+def attn_num_splits(batch: int, hk: int, max_len: int, sms: int) -> int:
+    """Static KV split count (shapes only): ~3 programs per SM, >= 256 keys each, at most 32."""
+    want = -(-3 * sms // max(1, batch * hk))
+    return int(max(1, min(want, max_len // 256, 32)))
+
+
+def ffn_chunk(group: int, n_groups: int, sms: int) -> int:
+    """Channels per FFN producer: the group's largest power-of-two divisor (<= 128), halved down to 16
+    while there are fewer than ~2 producers per SM."""
+    ch = largest_pow2_divisor(group, 128)
+    if ch < 16:
+        raise ValueError(f"FFN group size {group} is not a multiple of 16 channels")
+    while ch > 16 and n_groups * (group // ch) < 2 * sms:
+        ch //= 2
+    return ch
+
+
+# --------------------------------------------------------------------------------------------------
+# Ops
+# --------------------------------------------------------------------------------------------------
+def _u8(mask: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    return like.new_empty(1, dtype=torch.uint8) if mask is None else mask.contiguous().view(torch.uint8)
+
+
+@torch.library.custom_op("wide::fused_rms_norm", mutates_args=())
+def _norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if not use_triton(x):
+        return rms_norm_ref(x, weight, eps)
+    h = torch.empty_like(x)
+    b, d = x.shape
+    _norm_kernel[(1,)](x, weight, h, b, d, eps, **_norm_blocks(b, d, x), num_warps=4, **pdl_launch(x))
+    return h
+
+
+@_norm_op.register_fake
+def _(x, weight, eps):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("wide::fused_qkv_rope_cache", mutates_args=("k_cache", "v_cache"))
+def _qkv_op(
+    h: torch.Tensor,
+    w_qkv: torch.Tensor,
+    b_qkv: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    pos: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    n_q: int,
+    q_norm: torch.Tensor | None,
+    k_norm: torch.Tensor | None,
+    qk_eps: float,
+) -> torch.Tensor:
+    if not use_triton(h):
+        return qkv_rope_cache_ref(h, w_qkv, b_qkv, cos, sin, pos, k_cache, v_cache, n_q, q_norm, k_norm, qk_eps)
+    b, d_model = h.shape
+    hk, hd = k_cache.shape[2], k_cache.shape[3]
+    q = torch.empty(b, n_q, hd, dtype=h.dtype, device=h.device)
+    n_heads = n_q + 2 * hk
+    rs = qkv_row_slices(hd, q_norm is not None, n_heads, _sms(h))
+    if "qkv_slices" in TUNE and q_norm is None:
+        rs = TUNE["qkv_slices"]
+    bk, nw = _gemv_blocks(h)
+    dummy = h.new_empty(1)
+    _qkv_kernel[(n_heads * rs,)](
+        h, w_qkv, b_qkv if b_qkv is not None else dummy, _u8(mask, h), cos.float().contiguous(),
+        sin.float().contiguous(), q_norm if q_norm is not None else dummy, k_norm if k_norm is not None else dummy,
+        pos, q, k_cache, v_cache, b, d_model, qk_eps,
+        *k_cache.stride()[:3], *v_cache.stride()[:3],
+        HQ=n_q, HK=hk, HEAD_D=hd, RS=rs, ROUTED=mask is not None, HAS_BIAS=b_qkv is not None,
+        QK_NORM=q_norm is not None, BM=BLOCK_M, BLOCK_K=min(bk, next_pow2(d_model)), PREC=_prec(h),
+        num_warps=nw, **_stages(h), **pdl_launch(h),
+    )  # fmt: skip
+    return q
+
+
+@_qkv_op.register_fake
+def _(h, w_qkv, b_qkv, mask, cos, sin, pos, k_cache, v_cache, n_q, q_norm, k_norm, qk_eps):
+    return h.new_empty((h.shape[0], n_q, k_cache.shape[3]))
+
+
+@torch.library.custom_op("wide::fused_attn_decode", mutates_args=())
+def _attn_op(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    lens: torch.Tensor,
+    mask: torch.Tensor,
+    len_add: int,
+    num_splits: int,
+) -> torch.Tensor:
+    from wide.kernels.attention_reference import attention_decode_ref
+
+    if not use_triton(q):
+        return attention_decode_ref(q, k_cache, v_cache, lens + len_add, mask)
+    b, hq, hd = q.shape
+    hk = k_cache.shape[2]
+    hpg_p = max(16, next_pow2(hq // hk))
+    o = torch.empty_like(q)
+    ns = int(num_splits)
+    op = torch.empty(max(1, b * hk * hpg_p * ns * hd if ns > 1 else 1), dtype=torch.float32, device=q.device)
+    lse = torch.empty(max(1, b * hk * hpg_p * ns if ns > 1 else 1), dtype=torch.float32, device=q.device)
+    cnt = tile_counters(q, b * hk)
+    bn, nw, st = (16, 4, 1) if not q.is_cuda else ((128, 8, 3) if hd >= 128 else (128, 4, 3))
+    _attn_kernel[(b * hk, ns)](
+        q, k_cache, v_cache, lens, mask.view(torch.uint8), o, op, lse, cnt,
+        _LOG2E / math.sqrt(hd), int(len_add),
+        *k_cache.stride()[:3], *v_cache.stride()[:3],
+        HQ=hq, HK=hk, HPG_P=hpg_p, HEAD_D=hd, BLOCK_N=bn, NUM_SPLITS=ns, NS_P=next_pow2(ns), PREC=_prec(q),
+        num_warps=nw, num_stages=st, **pdl_launch(q),
+    )  # fmt: skip
+    return o
+
+
+@_attn_op.register_fake
+def _(q, k_cache, v_cache, lens, mask, len_add, num_splits):
+    return torch.empty_like(q)
+
+
+@torch.library.custom_op("wide::fused_o_proj_residual_norm", mutates_args=())
+def _o_op(
+    o: torch.Tensor,
+    wo: torch.Tensor,
+    bo: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    x: torch.Tensor,
+    norm_w: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if not use_triton(o):
+        return o_proj_residual_norm_ref(o, wo, bo, x, norm_w, eps)
+    b, k = o.shape
+    d = wo.shape[0]
+    ng = 1 if mask is None else mask.shape[1]
+    xo, h = torch.empty_like(x), torch.empty_like(x)
+    bk, nw = _gemv_blocks(o)
+    g = k // ng
+    bn = 16 if not o.is_cuda else TUNE.get("o_block_n", 32 if d >= 32 * _sms(o) else 16)
+    tiles = triton.cdiv(d, bn)
+    ss = torch.empty(tiles * BLOCK_M, dtype=torch.float32, device=o.device)
+    _o_kernel[(tiles,)](
+        o, wo, bo if bo is not None else o.new_empty(1), _u8(mask, o), x, xo, norm_w, h, ss, tile_counters(o, 1),
+        b, d, k, ng, g, eps,
+        ROUTED=mask is not None, HAS_BIAS=bo is not None, BM=BLOCK_M, BLOCK_N=bn,
+        BLOCK_K=largest_pow2_divisor(g, bk), T_P=next_pow2(tiles), **_norm_blocks(b, d, o), PREC=_prec(o), num_warps=nw,
+        **_stages(o), **pdl_launch(o),
+    )  # fmt: skip
+    return xo, h
+
+
+@_o_op.register_fake
+def _(o, wo, bo, mask, x, norm_w, eps):
+    return torch.empty_like(x), torch.empty_like(x)
+
+
+@torch.library.custom_op("wide::fused_ffn_residual_norm", mutates_args=())
+def _ffn_op(
+    h: torch.Tensor,
+    w_gate: torch.Tensor,
+    w_up: torch.Tensor,
+    w_down: torch.Tensor,
+    mask: torch.Tensor | None,
+    x: torch.Tensor,
+    norm_w: torch.Tensor,
+    eps: float,
+    group: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if not use_triton(h):
+        return ffn_residual_norm_ref(h, w_gate, w_up, w_down, mask, x, norm_w, eps)
+    b, d = h.shape
+    df = w_gate.shape[0]
+    ng = df // group
+    ch = TUNE.get("ffn_chunk", ffn_chunk(group, ng, _sms(h))) if h.is_cuda else 16
+    cpg = group // ch
+    bk, nw = _gemv_blocks(h)
+    bn = 16 if not h.is_cuda else TUNE.get("ffn_block_n", 32)
+    n_cons = triton.cdiv(d, bn)
+    a = torch.empty(b, df, dtype=h.dtype, device=h.device)
+    xo, hn = torch.empty_like(x), torch.empty_like(x)
+    ss = torch.empty(n_cons * BLOCK_M, dtype=torch.float32, device=h.device)
+    _ffn_kernel[(ng * cpg + n_cons,)](
+        h, w_gate, w_up, w_down, _u8(mask, h), a, x, xo, norm_w, hn, ss, tile_counters(h, 3),
+        b, d, df, ng, group, eps,
+        CPG=cpg, CH=ch, ROUTED=mask is not None, BM=BLOCK_M, BLOCK_K=min(bk, next_pow2(d)), BLOCK_N=bn,
+        BLOCK_KD=largest_pow2_divisor(group, bk), T_P=next_pow2(n_cons), **_norm_blocks(b, d, h), PREC=_prec(h),
+        num_warps=nw,
+        **_stages(h), **pdl_launch(h),
+    )  # fmt: skip
+    return xo, hn
+
+
+@_ffn_op.register_fake
+def _(h, w_gate, w_up, w_down, mask, x, norm_w, eps, group):
+    return torch.empty_like(x), torch.empty_like(x)
+
+
+# --------------------------------------------------------------------------------------------------
+# Public functions (validation, then the op)
+# --------------------------------------------------------------------------------------------------
+def _check_batch(t: torch.Tensor, name: str) -> None:
+    if t.dim() != 2 or not 1 <= t.shape[0] <= MAX_BATCH:
+        raise ValueError(f"{name} must be [B, D] with 1 <= B <= {MAX_BATCH} (decode), got {tuple(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+def _check_mask(mask: torch.Tensor | None, b: int, ng: int, name: str) -> None:
+    if mask is not None and (mask.dtype != torch.bool or tuple(mask.shape) != (b, ng)):
+        raise ValueError(f"{name} must be a bool [B, N_G] = [{b}, {ng}] mask, got {mask.dtype} {tuple(mask.shape)}")
+
+
+def fused_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [B, D] -> RMSNorm(x) * weight in x's dtype (one program; decode-sized B)."""
+    _check_batch(x, "x")
+    check_dtype(x, weight)
+    return _norm_op(x, weight, float(eps))
+
+
+def qkv_rope_cache(
+    h: torch.Tensor,
+    w_qkv: torch.Tensor,
+    b_qkv: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    pos: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    n_q: int,
+    q_norm: torch.Tensor | None = None,
+    k_norm: torch.Tensor | None = None,
+    qk_eps: float = 0.0,
+) -> torch.Tensor:
+    """One launch: h [B, D] -> q [B, Hq, d] (RoPE'd; heads of groups no token runs are left unspecified
+    when ``mask`` [B, Hk] is given) and the RoPE'd K / V of token b written at cache [b, pos[b]]."""
+    _check_batch(h, "h")
+    check_dtype(h, w_qkv, k_cache, v_cache)
+    hk, hd = k_cache.shape[2], k_cache.shape[3]
+    if w_qkv.shape != (n_q * hd + 2 * hk * hd, h.shape[1]) or not w_qkv.is_contiguous():
+        raise ValueError(f"w_qkv {tuple(w_qkv.shape)} is not a contiguous [(Hq + 2 Hk) d, D] matrix")
+    if hd % 32 or n_q % hk:
+        raise ValueError(f"head_dim {hd} must be a multiple of 32 and Hq {n_q} a multiple of Hk {hk}")
+    if (q_norm is None) != (k_norm is None):
+        raise ValueError("q_norm and k_norm come together (Qwen3)")
+    if cos.shape != (h.shape[0], hd) or sin.shape != cos.shape:
+        raise ValueError(f"cos/sin must be [B, d] = [{h.shape[0]}, {hd}], got {tuple(cos.shape)}")
+    _check_mask(mask, h.shape[0], hk, "mask")
+    return _qkv_op(h, w_qkv, b_qkv, mask, cos, sin, pos, k_cache, v_cache, int(n_q), q_norm, k_norm, float(qk_eps))
+
+
+def attention_decode_merged(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    lens: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    len_add: int = 0,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Routed decode attention in one launch: q [B, Hq, d], caches [B_max, S, Hk, d], attend to positions
+    < lens[b] + len_add, mask [B, Hk] bool -> o [B, Hq, d] (zeros for skipped groups)."""
+    b, hq, hd = q.shape
+    if not q.is_contiguous() or b > MAX_BATCH:
+        raise ValueError(f"q must be contiguous [B <= {MAX_BATCH}, Hq, d], got {tuple(q.shape)}")
+    _check_mask(mask, b, k_cache.shape[2], "mask")
+    ns = attn_num_splits(b, k_cache.shape[2], k_cache.shape[1], _sms(q)) if num_splits is None else num_splits
+    if interpret_mode() and num_splits is None:
+        ns = min(ns, 2)
+    return _attn_op(q, k_cache, v_cache, lens, mask, int(len_add), int(ns))
+
+
+def o_proj_residual_norm(
+    o: torch.Tensor,
+    wo: torch.Tensor,
+    bo: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    x: torch.Tensor,
+    norm_w: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One launch: (x + o Wo^T (+ bo), its RMSNorm times ``norm_w``); o [B, Hq d] is zero where a
+    (token, group) is skipped, and groups of ``mask`` [B, N_G] that no token runs are not read."""
+    _check_batch(o, "o")
+    _check_batch(x, "x")
+    check_dtype(o, wo, x, norm_w)
+    if mask is not None and o.shape[1] % mask.shape[1]:
+        raise ValueError(f"O's input width {o.shape[1]} is not a multiple of {mask.shape[1]} groups")
+    _check_mask(mask, o.shape[0], mask.shape[1] if mask is not None else 0, "mask")
+    return _o_op(o, wo, bo, mask, x, norm_w, float(eps))
+
+
+def ffn_residual_norm(
+    h: torch.Tensor,
+    w_gate: torch.Tensor,
+    w_up: torch.Tensor,
+    w_down: torch.Tensor,
+    mask: torch.Tensor | None,
+    x: torch.Tensor,
+    norm_w: torch.Tensor,
+    eps: float,
+    group: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One launch: x + down(silu(gate h) * up h) (channels of groups ``mask`` [B, D'/group] skips are
+    zero, groups no token runs are not read) and its RMSNorm times ``norm_w``."""
+    _check_batch(h, "h")
+    _check_batch(x, "x")
+    check_dtype(h, w_gate, w_up, w_down, x, norm_w)
+    df = w_gate.shape[0]
+    if group % 16 or df % group:
+        raise ValueError(f"FFN group size {group} must be a multiple of 16 dividing D' = {df}")
+    _check_mask(mask, h.shape[0], df // group, "mask")
+    for name, t in (("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down)):
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    return _ffn_op(h, w_gate, w_up, w_down, mask, x, norm_w, float(eps), int(group))

@@ -1,0 +1,145 @@
+"""The fused decode step of ``WideRuntime(fused_decode=True)``: each decoder layer in at most six launches.
+
+Per layer (``wide.kernels.fused_decode``; docs/kernels.md, "Fused decode layer"):
+
+  routed:  router_decisions(h) -> qkv_rope_cache -> attention_decode_merged -> o_proj_residual_norm
+           -> router_decisions(h') -> ffn_residual_norm                                  (6 launches)
+  dense:   qkv_rope_cache -> attention_decode_merged -> o_proj_residual_norm -> ffn_residual_norm (4)
+
+The hidden state h a router reads is the RMSNorm the previous kernel wrote in the model dtype (the
+first layer's by one norm launch per step; the last layer's FFN kernel applies the model's final norm),
+and the decision is ``router_decisions`` on it: the same op, on the same kind of input, as the unfused
+runtime. One code path serves ``routed=True`` and the dense baseline (``mask=None``: every group runs).
+Prefill is unchanged (``wide.runtime.model.layer_step``). No host sync: CUDA-graph capturable.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from wide.kernels import fused_decode as FD
+from wide.kernels.router import router_decisions
+
+
+class FusedLayer(NamedTuple):
+    """One decoder layer's tensors as the fused kernels read them (views of the runtime's weights)."""
+
+    ln_attn: torch.Tensor  # [D]
+    eps_attn: float
+    w_qkv: torch.Tensor  # [(Hq + 2 Hk) d, D]
+    b_qkv: torch.Tensor | None
+    q_norm: torch.Tensor | None  # [d] (Qwen3)
+    k_norm: torch.Tensor | None
+    wo: torch.Tensor  # [D, Hq d]
+    bo: torch.Tensor | None
+    ln_ffn: torch.Tensor  # [D]
+    eps_ffn: float
+    w_gate: torch.Tensor  # [D', D]
+    w_up: torch.Tensor  # [D', D]
+    w_down: torch.Tensor  # [D, D']
+    router_attn: tuple | None  # (W_down [r, D], W_margin [Hk, r], b_margin [Hk]); None: dense
+    router_ffn: tuple | None
+
+
+def _rows_view(first: torch.Tensor, second: torch.Tensor | None, n_rows: int) -> torch.Tensor | None:
+    """The first ``n_rows`` rows of the buffer in which ``second`` directly follows ``first`` (no copy),
+    else their concatenation (one copy, at build time)."""
+    if second is None:
+        return None if first is None else first
+    width = first.shape[1:] if first.dim() > 1 else ()
+    follows = (
+        first.is_contiguous()
+        and second.is_contiguous()
+        and second.data_ptr() == first.data_ptr() + first.numel() * first.element_size()
+    )
+    if follows:
+        stride = first.stride() if first.dim() > 1 else (1,)
+        return first.as_strided((n_rows, *width), stride, first.storage_offset())
+    return torch.cat([first, second])[:n_rows].contiguous()
+
+
+def build_fused_layers(rt) -> list[FusedLayer]:
+    """The fused view of a ``WideRuntime``'s weights (shares their storage where the runtime fused them)."""
+    d = rt.wm.dims
+    n_qkv = (d.n_q_heads + 2 * d.n_kv_heads) * d.head_dim
+    layers = []
+    for i, (w, layer) in enumerate(zip(rt.weights, rt.layers, strict=True)):
+        if rt.routed:  # [Q; K; V] is one buffer: Q's view followed by [K; V]'s
+            w_qkv = _rows_view(w.wq, w.w_kv, n_qkv)
+            b_qkv = None if w.bq is None else _rows_view(w.bq, w.b_kv, n_qkv)
+            w_gate, w_up = w.w_gate, w.w_up
+            routers = (rt.heads[i][0], rt.heads[i][1])
+        else:
+            w_qkv, b_qkv = w.w_qkv, w.b_qkv
+            df = w.w_down.shape[1]
+            w_gate, w_up = w.w_gate_up[:df], w.w_gate_up[df:]
+            routers = (None, None)
+        layers.append(
+            FusedLayer(
+                w.ln_attn,
+                float(layer.input_layernorm.variance_epsilon),
+                w_qkv.contiguous(),
+                None if b_qkv is None else b_qkv.contiguous(),
+                w.q_norm,
+                w.k_norm,
+                w.wo.contiguous(),
+                w.bo,
+                w.ln_ffn,
+                float(layer.post_attention_layernorm.variance_epsilon),
+                w_gate.contiguous(),
+                w_up.contiguous(),
+                w.w_down.contiguous(),
+                *routers,
+            )  # fmt: skip
+        )
+    return layers
+
+
+def check_fused(rt, max_batch: int) -> None:
+    """ValueError when the fused decode cannot serve this runtime (flag: ``fused_decode``)."""
+    d = rt.wm.dims
+    if max_batch > FD.MAX_BATCH:
+        raise ValueError(f"fused_decode serves batches of at most {FD.MAX_BATCH} tokens, max_batch={max_batch}")
+    if d.head_dim % 32:
+        raise ValueError(f"fused_decode needs head_dim a multiple of 32, got {d.head_dim}")
+    df = rt.layers[0].mlp.down_proj.weight.shape[1]
+    if rt.g_ffn % 16 or df % rt.g_ffn:
+        raise ValueError(f"fused_decode needs an FFN group size that is a multiple of 16 dividing {df}: {rt.g_ffn}")
+
+
+@torch.no_grad()
+def fused_decode_step(rt, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """ids [B, 1] at positions pos [B, 1] (= the cache lengths) -> logits [B, V]; writes each layer's K/V
+    at pos. The caller advances ``rt.cache.lens``."""
+    b = ids.shape[0]
+    layers, st = rt.fused_layers, rt.step_configs[True][0]
+    x = rt.hf.model.embed_tokens(ids)  # [B, 1, D]
+    cos, sin = rt.hf.model.rotary_emb(x, pos)  # [B, 1, d]
+    cos, sin = cos[:, 0].float().contiguous(), sin[:, 0].float().contiguous()
+    x = x[:, 0].contiguous()  # [B, D]
+    p = pos[:, 0]
+    lens = rt.cache.lens[:b]
+    dense_mask = None if rt.routed else torch.ones(b, st.n_kv, dtype=torch.bool, device=x.device)
+    h = FD.fused_rms_norm(x, layers[0].ln_attn, layers[0].eps_attn)
+    final = rt.hf.model.norm
+    masks = []  # per layer (attention [B, Hk], FFN [B, G]) when routed: rt.fused_masks (benchmarks read them)
+    for i, w in enumerate(layers):
+        mask_a = router_decisions(h, *w.router_attn) if w.router_attn is not None else None
+        q = FD.qkv_rope_cache(
+            h, w.w_qkv, w.b_qkv, mask_a, cos, sin, p, rt.cache.k[i], rt.cache.v[i], st.n_q,
+            w.q_norm, w.k_norm, st.qk_eps,
+        )  # fmt: skip
+        o = FD.attention_decode_merged(
+            q, rt.cache.k[i], rt.cache.v[i], lens, mask_a if mask_a is not None else dense_mask, len_add=1
+        )
+        x, h = FD.o_proj_residual_norm(o.view(b, -1), w.wo, w.bo, mask_a, x, w.ln_ffn, w.eps_ffn)
+        mask_f = router_decisions(h, *w.router_ffn) if w.router_ffn is not None else None
+        nxt = layers[i + 1] if i + 1 < len(layers) else None
+        norm_w, eps = (nxt.ln_attn, nxt.eps_attn) if nxt is not None else (final.weight, final.variance_epsilon)
+        x, h = FD.ffn_residual_norm(h, w.w_gate, w.w_up, w.w_down, mask_f, x, norm_w, float(eps), rt.g_ffn)
+        if mask_a is not None:
+            masks.append((mask_a, mask_f))
+    rt.fused_masks = masks  # under CUDA-graph capture: the graph's outputs, refreshed by every replay
+    return rt.hf.lm_head(h).float()  # h: the final norm of the last position

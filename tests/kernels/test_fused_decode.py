@@ -1,0 +1,271 @@
+"""The fused decode kernels against their torch references (interpreter on CPU, Triton on a GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.kernels.conftest import assert_close_to_ref, gpu
+from wide.kernels import fused_decode as FD
+from wide.kernels.router import router_decisions
+
+
+def _mask(mode: str, b: int, ng: int, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    if mode == "all":
+        return torch.ones(b, ng, dtype=torch.bool)
+    if mode == "none":
+        return torch.zeros(b, ng, dtype=torch.bool)
+    return torch.rand(b, ng, generator=gen) < 0.5
+
+
+def _rope(b: int, d: int, pos: torch.Tensor):
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+    ang = pos.float()[:, None] * inv[None, :]
+    ang = torch.cat([ang, ang], -1)  # [B, d]
+    return ang.cos(), ang.sin()
+
+
+def _to(dev, *ts):
+    return [None if t is None else t.to(dev) for t in ts]
+
+
+@pytest.mark.parametrize("b", [1, 3, 16])
+def test_norm_matches_torch(kernel_device, b):
+    torch.manual_seed(b)
+    x, w = _to(kernel_device, torch.randn(b, 96), torch.randn(96))
+    h = FD.fused_rms_norm(x, w, 1e-5)
+    ref = FD.rms_norm_ref(x, w, 1e-5)
+    torch.testing.assert_close(h, ref, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("hq", "hk", "d", "b", "mode", "qk_norm", "bias"),
+    [
+        (6, 2, 64, 1, "all", False, False),  # GQA 3
+        (8, 2, 64, 3, "random", False, True),  # GQA 4, Qwen2-style bias
+        (7, 1, 64, 2, "none", False, False),  # GQA 7
+        (4, 2, 64, 16, "random", True, False),  # Qwen3 q/k norm
+        (4, 1, 32, 1, "dense", False, False),
+        pytest.param(4, 2, 128, 2, "random", False, False, marks=pytest.mark.slow),
+    ],
+)
+def test_qkv_rope_cache(kernel_device, hq, hk, d, b, mode, qk_norm, bias):
+    torch.manual_seed(hq * 31 + b)
+    dm = 80
+    n = (hq + 2 * hk) * d
+    h, w = torch.randn(b, dm), torch.randn(n, dm) / dm**0.5
+    bq = torch.randn(n) if bias else None
+    qn, kn = (torch.rand(d) + 0.5, torch.rand(d) + 0.5) if qk_norm else (None, None)
+    pos = torch.randint(0, 5, (b,))
+    cos, sin = _rope(b, d, pos)
+    mask = None if mode == "dense" else _mask(mode, b, hk, seed=b)
+    kc, vc = torch.randn(b + 1, 6, hk, d), torch.randn(b + 1, 6, hk, d)
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    q_ref = FD.qkv_rope_cache_ref(h, w, bq, cos, sin, pos, kc_ref, vc_ref, hq, qn, kn, 1e-6)
+    if mask is not None:  # Q rows of groups no token runs must not be read: poison them
+        w = w.clone()
+        w[: hq * d][~mask.any(0).repeat_interleave(hq // hk * d)] = float("nan")
+    h, w, bq, qn, kn, pos, cos, sin, mask, kc, vc = _to(kernel_device, h, w, bq, qn, kn, pos, cos, sin, mask, kc, vc)
+    q = FD.qkv_rope_cache(h, w, bq, mask, cos, sin, pos, kc, vc, hq, qn, kn, 1e-6).cpu()
+    torch.testing.assert_close(kc.cpu(), kc_ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(vc.cpu(), vc_ref, rtol=1e-4, atol=1e-4)
+    run = torch.ones(hq, dtype=torch.bool) if mask is None else mask.cpu().any(0).repeat_interleave(hq // hk)
+    torch.testing.assert_close(q[:, run], q_ref[:, run], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("hq", "hk", "b", "mode", "splits"),
+    [(6, 2, 1, "all", 1), (8, 2, 3, "random", 3), (7, 1, 2, "all", 2), (4, 2, 16, "random", 2), (4, 2, 2, "none", 2)],
+)
+def test_attention_merged(kernel_device, hq, hk, b, mode, splits):
+    torch.manual_seed(hq + b)
+    d, s = 64, 40
+    q = torch.randn(b, hq, d)
+    kc, vc = torch.randn(b, s, hk, d), torch.randn(b, s, hk, d)
+    lens = torch.randint(1, s, (b,), dtype=torch.int32)
+    mask = _mask(mode, b, hk, seed=b)
+    from wide.kernels.attention_reference import attention_decode_ref
+
+    ref = attention_decode_ref(q, kc, vc, lens + 1, mask)
+    q, kc, vc, lens, mask = _to(kernel_device, q, kc, vc, lens, mask)
+    out = FD.attention_decode_merged(q, kc, vc, lens, mask, len_add=1, num_splits=splits)
+    torch.testing.assert_close(out.cpu(), ref, rtol=1e-4, atol=1e-4)
+    # deterministic: a repeat is bit-identical (fixed merge order whatever the arrival order)
+    assert torch.equal(out, FD.attention_decode_merged(q, kc, vc, lens, mask, len_add=1, num_splits=splits))
+
+
+@pytest.mark.parametrize(
+    ("hq", "hk", "d", "b", "mode", "bias"),
+    [
+        (6, 2, 32, 1, "all", False),
+        (8, 2, 32, 3, "random", True),
+        (7, 1, 32, 16, "none", False),
+        (4, 2, 32, 2, None, False),
+    ],
+)
+def test_o_proj_residual_norm(kernel_device, hq, hk, d, b, mode, bias):
+    torch.manual_seed(hq + b)
+    dm = 72
+    o = torch.randn(b, hq * d)
+    mask = None if mode is None else _mask(mode, b, hk, seed=b)
+    if mask is not None:  # attention writes zeros for skipped (token, group)
+        o = o * mask.repeat_interleave(hq // hk * d, dim=1)
+    wo, x, nw = torch.randn(dm, hq * d) / (hq * d) ** 0.5, torch.randn(b, dm), torch.rand(dm) + 0.5
+    bo = torch.randn(dm) if bias else None
+    xr, hr = FD.o_proj_residual_norm_ref(o, wo, bo, x, nw, 1e-5)
+    if mask is not None:  # columns of groups no token runs must not be read: poison them
+        wo = wo.clone()
+        wo[:, ~mask.any(0).repeat_interleave(hq // hk * d)] = float("nan")
+    xo, h = FD.o_proj_residual_norm(*_to(kernel_device, o, wo, bo, mask, x, nw), 1e-5)
+    torch.testing.assert_close(xo.cpu(), xr, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(h.cpu(), hr, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("df", "g", "b", "mode"),
+    [(48, 16, 1, "all"), (80, 16, 3, "random"), (96, 48, 16, "random"), (64, 32, 2, "none"), (48, 16, 5, None)],
+)
+def test_ffn_residual_norm(kernel_device, df, g, b, mode):
+    torch.manual_seed(df + b)
+    dm = 40
+    h, x = torch.randn(b, dm), torch.randn(b, dm)
+    wg, wu, wd = torch.randn(df, dm) / dm**0.5, torch.randn(df, dm) / dm**0.5, torch.randn(dm, df) / df**0.5
+    nw = torch.rand(dm) + 0.5
+    mask = None if mode is None else _mask(mode, b, df // g, seed=b)
+    xr, hr = FD.ffn_residual_norm_ref(h, wg, wu, wd, mask, x, nw, 1e-5)
+    if mask is not None:  # channels of groups no token runs must not be read: poison them
+        off = ~mask.any(0).repeat_interleave(g)
+        wg, wu, wd = wg.clone(), wu.clone(), wd.clone()
+        wg[off], wu[off], wd[:, off] = float("nan"), float("nan"), float("nan")
+    args = _to(kernel_device, h, wg, wu, wd, mask, x, nw)
+    xo, hn = FD.ffn_residual_norm(*args, 1e-5, g)
+    torch.testing.assert_close(xo.cpu(), xr, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(hn.cpu(), hr, rtol=1e-5, atol=1e-5)
+    xo2, hn2 = FD.ffn_residual_norm(*args, 1e-5, g)  # deterministic, and the counters were left at 0
+    assert torch.equal(xo, xo2) and torch.equal(hn, hn2)
+
+
+def test_router_on_the_kernels_h_is_router_decisions(kernel_device):
+    """The fused layer decides with router_decisions on the h its kernels write: the mask is that op's."""
+    torch.manual_seed(0)
+    b, dm, r, ng = 3, 64, 8, 5
+    o, wo, x = torch.randn(b, 32), torch.randn(dm, 32), torch.randn(b, dm)
+    nw = torch.rand(dm) + 0.5
+    _, h = FD.o_proj_residual_norm(*_to(kernel_device, o, wo, None, None, x, nw), 1e-5)
+    wdn, wm, bm = torch.randn(r, dm), torch.randn(ng, r), torch.randn(ng)
+    h_ref = FD.rms_norm_ref(x + o @ wo.t(), nw, 1e-5)
+    torch.testing.assert_close(h.cpu(), h_ref, rtol=1e-6, atol=1e-6)
+    m = router_decisions(h, *_to(kernel_device, wdn, wm, bm))
+    assert torch.equal(m.cpu(), router_decisions(h.cpu(), wdn, wm, bm))
+
+
+def test_rejects_bad_input():
+    x = torch.randn(17, 8)
+    with pytest.raises(ValueError, match="1 <= B <= 16"):
+        FD.fused_rms_norm(x, torch.ones(8), 1e-5)
+    h = torch.randn(2, 8)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        FD.ffn_residual_norm(h, torch.randn(24, 8), torch.randn(24, 8), torch.randn(8, 24), None, h, h[0], 1e-5, 12)
+
+
+# ------------------------------------------------------------------ GPU (bf16, Llama-like shapes)
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("b", [1, 3, 16])
+@pytest.mark.parametrize("mode", ["all", "random", "none"])
+def test_ffn_bf16_rule_on_gpu(b, mode):
+    torch.manual_seed(b)
+    dm, df, g = 4096, 14336, 128
+    dev = "cuda"
+    h, x = torch.randn(b, dm, device=dev), torch.randn(b, dm, device=dev)
+    ws = [torch.randn(df, dm, device=dev) / dm**0.5 for _ in range(2)] + [torch.randn(dm, df, device=dev) / df**0.5]
+    nw = torch.rand(dm, device=dev) + 0.5
+    mask = _mask(mode, b, df // g, seed=b).to(dev)
+    ref32 = FD.ffn_residual_norm_ref(h, *ws, mask, x, nw, 1e-5)[0]
+    lp = [t.bfloat16() for t in (h, *ws)]
+    ref_lp = FD.ffn_residual_norm_ref(*lp, mask, x.bfloat16(), nw.bfloat16(), 1e-5)[0]
+    out = FD.ffn_residual_norm(*lp, mask, x.bfloat16(), nw.bfloat16(), 1e-5, g)[0]
+    assert_close_to_ref(out, ref32, ref_lp)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("b", [1, 16])
+def test_qkv_attention_o_bf16_rule_on_gpu(b):
+    torch.manual_seed(b)
+    dev, dm, hq, hk, d, s = "cuda", 4096, 32, 8, 128, 4096
+    h = torch.randn(b, dm, device=dev)
+    w = torch.randn((hq + 2 * hk) * d, dm, device=dev) / dm**0.5
+    pos = torch.full((b,), s - 1, device=dev)
+    cos, sin = _rope(b, d, pos.cpu())
+    cos, sin = cos.to(dev), sin.to(dev)
+    mask = _mask("random", b, hk, seed=b).to(dev)
+    mask[0, 0] = True  # some group runs
+    kc = torch.randn(b, s, hk, d, device=dev)
+    vc = torch.randn(b, s, hk, d, device=dev)
+    kc32, vc32 = kc.clone(), vc.clone()
+    q32 = FD.qkv_rope_cache_ref(h, w, None, cos, sin, pos, kc32, vc32, hq)
+    k_lp, v_lp = kc.bfloat16(), vc.bfloat16()
+    q_lp = FD.qkv_rope_cache_ref(h.bfloat16(), w.bfloat16(), None, cos, sin, pos, k_lp, v_lp, hq)
+    kq, vq = kc.bfloat16(), vc.bfloat16()
+    q = FD.qkv_rope_cache(h.bfloat16(), w.bfloat16(), None, mask, cos, sin, pos, kq, vq, hq)
+    run = mask.any(0).repeat_interleave(hq // hk)
+    assert_close_to_ref(q[:, run], q32[:, run], q_lp[:, run])
+    assert_close_to_ref(kq, kc32, k_lp)
+    from wide.kernels.attention_reference import attention_decode_ref
+
+    lens = pos.int()
+    o32 = attention_decode_ref(q32, kc32, vc32, lens + 1, mask)
+    o_lp = attention_decode_ref(q_lp, k_lp, v_lp, lens + 1, mask, upcast=False)
+    o = FD.attention_decode_merged(q, kq, vq, lens, mask, len_add=1)
+    assert_close_to_ref(o, o32, o_lp)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("b", [1, 16])
+def test_o_proj_bf16_rule_on_gpu(b):
+    torch.manual_seed(b)
+    dev, dm, hq, hk, d = "cuda", 4096, 32, 8, 128
+    mask = _mask("random", b, hk, seed=b).to(dev)
+    o = torch.randn(b, hq * d, device=dev) * mask.repeat_interleave(hq // hk * d, dim=1)
+    wo, x = torch.randn(dm, hq * d, device=dev) / (hq * d) ** 0.5, torch.randn(b, dm, device=dev)
+    nw = torch.rand(dm, device=dev) + 0.5
+    ref32 = FD.o_proj_residual_norm_ref(o, wo, None, x, nw, 1e-5)
+    lp = [t.bfloat16() for t in (o, wo, x, nw)]
+    ref_lp = FD.o_proj_residual_norm_ref(lp[0], lp[1], None, lp[2], lp[3], 1e-5)
+    out = FD.o_proj_residual_norm(lp[0], lp[1], None, mask, lp[2], lp[3], 1e-5)
+    assert_close_to_ref(out[0], ref32[0], ref_lp[0])
+    assert_close_to_ref(out[1], ref32[1], ref_lp[1])
+
+
+@gpu
+@pytest.mark.gpu
+def test_norm_bits_equal_torch_on_gpu():
+    """The kernels' RMSNorm in bf16 against torch's: report (and bound) the fraction of differing bits."""
+    torch.manual_seed(0)
+    x = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16)
+    w = (torch.rand(4096, device="cuda") + 0.5).bfloat16()
+    h = FD.fused_rms_norm(x, w, 1e-5)
+    ref = FD.rms_norm_ref(x, w, 1e-5)
+    assert (h != ref).float().mean().item() <= 1e-3
+
+
+@gpu
+@pytest.mark.gpu
+def test_fused_ops_capture_in_a_cuda_graph():
+    torch.manual_seed(0)
+    b, dm, df, g = 2, 512, 1024, 128
+    dev = "cuda"
+    h, x = torch.randn(b, dm, device=dev).bfloat16(), torch.randn(b, dm, device=dev).bfloat16()
+    wg, wu = torch.randn(df, dm, device=dev).bfloat16(), torch.randn(df, dm, device=dev).bfloat16()
+    wd, nw = torch.randn(dm, df, device=dev).bfloat16(), torch.ones(dm, device=dev).bfloat16()
+    mask = _mask("random", b, df // g).to(dev)
+    eager = FD.ffn_residual_norm(h, wg, wu, wd, mask, x, nw, 1e-5, g)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = FD.ffn_residual_norm(h, wg, wu, wd, mask, x, nw, 1e-5, g)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out[0], eager[0]) and torch.equal(out[1], eager[1])

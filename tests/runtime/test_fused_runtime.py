@@ -1,0 +1,121 @@
+"""The fused decode runtime (``fused_decode=True``) equals the unfused runtime and the masked path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import tiny_model
+from wide.config import WideConfig
+from wide.model import WideModel
+from wide.runtime import WideRuntime, generate
+
+
+def _routed(family: str, seed: int = 0):
+    # head_dim 32 (the fused QKV kernel pairs RoPE halves of >= 16 columns), FFN groups of 16
+    model = tiny_model(family, layers=2, hidden=128, heads=4, kv=2, inter=96, seed=seed)
+    wm = WideModel(model, WideConfig(ffn_group_size=16, router_rank=8, sparsity=0.5))
+    for r in wm.routers:  # mixed decisions
+        torch.nn.init.normal_(r.attn.up.weight, std=2.0)
+        torch.nn.init.normal_(r.ffn.up.weight, std=2.0)
+    return model, wm
+
+
+def _masked_greedy(wm: WideModel, ids: torch.Tensor, n: int) -> torch.Tensor:
+    seq = ids
+    with torch.no_grad():
+        for _ in range(n):
+            seq = torch.cat([seq, wm(seq).logits[:, -1].argmax(-1, keepdim=True)], 1)
+    return seq
+
+
+@pytest.mark.parametrize(
+    "family",
+    ["llama", "qwen3", pytest.param("mistral", marks=pytest.mark.slow), pytest.param("qwen2", marks=pytest.mark.slow)],
+)
+def test_fused_greedy_decode_equals_unfused_and_masked_path(family):
+    _, wm = _routed(family, seed=1)
+    ids = torch.randint(0, 101, (3, 4))
+    fused = generate(WideRuntime(wm, max_batch=3, max_seq=16, fused_decode=True), ids, 5)
+    unfused = generate(WideRuntime(wm, max_batch=3, max_seq=16), ids, 5)
+    assert torch.equal(fused, unfused)
+    assert torch.equal(fused, _masked_greedy(wm, ids, 5))
+
+
+@pytest.mark.parametrize("routed", [True, False])
+def test_fused_decode_logits_match_unfused(routed):
+    _, wm = _routed("llama", seed=2)
+    ids = torch.randint(0, 101, (2, 5))
+    a = WideRuntime(wm, max_batch=2, max_seq=12, routed=routed, fused_decode=True)
+    b = WideRuntime(wm, max_batch=2, max_seq=12, routed=routed)
+    torch.testing.assert_close(a.prefill(ids), b.prefill(ids))
+    nxt = torch.randint(0, 101, (2, 1))
+    la, lb = a.decode(nxt), b.decode(nxt)
+    torch.testing.assert_close(la, lb, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(a.cache.k, b.cache.k, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(a.cache.v, b.cache.v, rtol=1e-5, atol=1e-5)
+    assert a.cache.lens.tolist() == b.cache.lens.tolist() == [6, 6]
+
+
+def test_fused_decode_rejects_large_batches():
+    _, wm = _routed("llama")
+    with pytest.raises(ValueError, match="fused_decode serves batches of at most 16"):
+        WideRuntime(wm, max_batch=17, max_seq=8, fused_decode=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("routed", [True, False])
+def test_fused_cuda_graph_decode_equals_unfused_on_gpu(routed):
+    _, wm = _routed("llama", seed=3)
+    wm = wm.cuda()
+    ids = torch.randint(0, 101, (2, 6), device="cuda")
+    fused = generate(WideRuntime(wm, max_batch=2, max_seq=32, routed=routed, fused_decode=True), ids, 8)
+    unfused = generate(WideRuntime(wm, max_batch=2, max_seq=32, routed=routed), ids, 8, cuda_graph=False)
+    assert torch.equal(fused, unfused)
+    if routed:
+        assert torch.equal(fused, _masked_greedy(wm, ids, 8))
+
+
+_NO_KERNEL = {"view", "empty", "empty_strided", "_unsafe_view", "reshape", "select", "slice", "alias", "as_strided",
+              "detach", "t", "unsqueeze", "squeeze", "expand", "lift_fresh", "split", "split_with_sizes"}  # fmt: skip
+
+
+def _ops_of_step(rt, n_layers: int) -> list[str]:
+    """Top-level ops of one fused decode step over the first n layers (a ``wide::`` op is one launch)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from wide.runtime.fused import fused_decode_step
+
+    class Rec(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            ns, name = func.namespace, func.overloadpacket.__name__
+            if ns != "aten" or name not in _NO_KERNEL:
+                self.ops.append(f"{ns}::{name}")
+            return func(*args, **(kwargs or {}))
+
+    saved = rt.fused_layers
+    rt.fused_layers = saved[:n_layers]
+    ids = torch.randint(0, 101, (2, 1))
+    try:
+        with Rec() as rec:
+            fused_decode_step(rt, ids, rt.cache.lens[:2].long()[:, None])
+    finally:
+        rt.fused_layers = saved
+    return rec.ops
+
+
+@pytest.mark.parametrize(("routed", "launches"), [(True, 6), (False, 4)])
+def test_fused_layer_launches_six_kernels_or_fewer(routed, launches):
+    """Per decoder layer the fused step issues only the fused ops (+ the routers): 6 routed, 4 dense."""
+    _, wm = _routed("llama", seed=4)
+    rt = WideRuntime(wm, max_batch=2, max_seq=8, routed=routed, fused_decode=True)
+    rt.prefill(torch.randint(0, 101, (2, 3)))
+    one, two = _ops_of_step(rt, 1), _ops_of_step(rt, 2)
+    assert len(two) - len(one) == launches, (one, two)
+    layer_ops = [op for op in two if op.startswith("wide::")]
+    assert len(layer_ops) == 1 + 2 * launches  # the first layer's norm + two layers
