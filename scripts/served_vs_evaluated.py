@@ -96,7 +96,7 @@ def main() -> None:
     if a.tasks == "all":
         t = time.time()
         zs = run_eval(a.model, a.routers, "arc_easy,arc_challenge,boolq,winogrande,piqa,openbookqa,hellaswag",
-                      runtime=True, **common)  # fmt: skip
+                      runtime=True, dense=False, out=str(out / "runtime-zero-shot"), **common)  # fmt: skip
         res["runtime_zero_shot"] = {k: {"tasks": v["tasks"], "sparsity": v["sparsity"].get("tasks")}
                                     for k, v in zs["rows"].items()}  # fmt: skip
         res["runtime_zero_shot_markdown"] = zs["markdown"]
