@@ -17,11 +17,18 @@ def _device(name: str | None) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _train_device(name: str | None) -> torch.device:
-    """Under torchrun: join the process group and use this rank's GPU; else as _device."""
+def _train_device(a: argparse.Namespace) -> torch.device:
+    """Under torchrun: join the process group and use this rank's GPU; else as _device (with a
+    one-rank process group for --parallel fsdp)."""
     from wide.train.distributed import init_from_env
 
-    return init_from_env() or _device(name)
+    return init_from_env(single_process=a.parallel == "fsdp") or _device(a.device)
+
+
+def _load_device(a: argparse.Namespace, device: torch.device) -> torch.device:
+    """Where the backbone is loaded: the CPU under --parallel fsdp (FSDP moves each rank's shards to
+    its GPU: no rank ever holds the whole model on its GPU), else the training device."""
+    return torch.device("cpu") if a.parallel == "fsdp" else device
 
 
 def _dtype(name: str, device: torch.device) -> torch.dtype:
@@ -51,6 +58,7 @@ def _training_data(a: argparse.Namespace, tok, seq_len: int, mode: str = "packed
 
 def _train_config(a: argparse.Namespace, **extra):
     from wide.train.calibrate import TrainConfig
+    from wide.train.fsdp import ParallelConfig
 
     return TrainConfig(
         steps=a.steps,
@@ -61,6 +69,7 @@ def _train_config(a: argparse.Namespace, **extra):
         save_every=a.save_every,
         log_every=a.log_every,
         seed=a.seed,
+        parallel=ParallelConfig(a.parallel, a.activation_checkpointing, a.cpu_offload),
         **extra,
     )
 
@@ -79,7 +88,7 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     from wide.model import WideModel, load_model
     from wide.train.calibrate import calibrate
 
-    device = _train_device(a.device)
+    device = _train_device(a)
     cfg = WideConfig(
         attn_group_size=a.attn_group_size,
         ffn_group_size=a.ffn_group_size,
@@ -96,10 +105,10 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     )
     tc = _train_config(a, data_mode=a.data_mode, fit_mode=a.fit_mode, compile=a.compile)
     # Weights stay in the model dtype (bf16 on GPU); the routers are fp32 and autocast handles the rest.
-    model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=device)
+    model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=_load_device(a, device))
     wm = WideModel(model, cfg)  # unsupported architectures and bad group sizes fail here, before data
     ds, data = _training_data(a, tok, a.seq_len, a.data_mode)
-    summary = calibrate(wm, ds, tc, a.out, resume=a.resume)
+    summary = calibrate(wm, ds, tc, a.out, resume=a.resume, device=device)
     summary["data"] = str(data)
     _print_summary(summary)
     return 0
@@ -111,12 +120,13 @@ def cmd_finetune(a: argparse.Namespace) -> int:
     from wide.train.calibrate import calibrate
     from wide.train.lora import apply_lora
 
-    device = _train_device(a.device)
-    model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=device)
+    device = _train_device(a)
+    tc = _train_config(a)
+    model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=_load_device(a, device))
     adapter = apply_lora(model, r=a.lora_r, alpha=a.lora_alpha, dropout=a.lora_dropout)
     wm = load_routers(model, a.routers)  # hooks go on the LoRA-wrapped modules
     ds, data = _training_data(a, tok, a.seq_len)
-    summary = calibrate(wm, ds, _train_config(a), a.out, resume=a.resume, adapter=adapter)
+    summary = calibrate(wm, ds, tc, a.out, resume=a.resume, adapter=adapter, device=device)
     summary["data"], summary["stage1_routers"] = str(data), str(a.routers)
     _print_summary(summary)
     return 0
@@ -314,6 +324,17 @@ def _add_training_args(p: argparse.ArgumentParser, *, lr: float) -> None:
     p.add_argument("--save-every", type=int, default=200)
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--parallel",
+        choices=["replica", "fsdp"],
+        default="replica",
+        help="under torchrun: a full model copy per rank (replica), or the backbone sharded per decoder "
+        "layer with FSDP2 (fsdp; also valid on one process); see docs/training.md",
+    )
+    p.add_argument(
+        "--activation-checkpointing", action="store_true", help="recompute each decoder layer in the backward pass"
+    )
+    p.add_argument("--cpu-offload", action="store_true", help="--parallel fsdp: keep the sharded parameters on the CPU")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -26,8 +26,18 @@ from wide.config import WideConfig
 from wide.model.checkpoint import atomic_write_bytes, save_routers
 from wide.model.wide_model import WideModel
 from wide.routing import sparsity_loss
-from wide.train.distributed import all_reduce_mean_, barrier, broadcast_, shard
+from wide.train.distributed import all_reduce_mean_, barrier, broadcast_, global_batch_terms, rank_seed, shard
 from wide.train.distributed import world as dist_world
+from wide.train.fsdp import (
+    ParallelConfig,
+    clip_grad_norm_,
+    load_lora_state_,
+    load_optimizer_state_dict_,
+    lora_state_dict,
+    optimizer_state_dict,
+    perf_fields,
+    prepare_model,
+)
 from wide.train.loss import chunked_lm_loss
 from wide.train.threshold_fit import FIT_MODES, fit_thresholds
 
@@ -55,8 +65,13 @@ class TrainConfig:
     data_mode: str = "packed"
     seed: int = 0
     extra: dict = field(default_factory=dict)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)  # replica / fsdp, checkpointing, offload
 
     def __post_init__(self) -> None:
+        if isinstance(self.parallel, dict):
+            self.parallel = ParallelConfig(**self.parallel)
+        if self.compile and (self.parallel.mode == "fsdp" or self.parallel.activation_checkpointing):
+            raise ValueError("--compile cannot be combined with --parallel fsdp or --activation-checkpointing")
         if self.fit_mode not in FIT_MODES:
             raise ValueError(f"fit_mode must be one of {FIT_MODES}, got {self.fit_mode!r}")
         for name in ("steps", "batch_size", "grad_accum", "seq_len", "log_every", "save_every"):
@@ -123,11 +138,12 @@ def seed_everything(seed: int) -> None:
 
 
 # ---------------------------------------------------------------------- checkpoints
-def save_trainable(wm: WideModel, out: Path, adapter=None, training: dict | None = None) -> None:
-    """Routers (wide_config.json + routers.safetensors) and, in stage 2, the LoRA adapter (peft format)."""
+def save_trainable(wm: WideModel, out: Path, adapter=None, training: dict | None = None, lora_state=None) -> None:
+    """Routers (wide_config.json + routers.safetensors) and, in stage 2, the LoRA adapter (peft format).
+    lora_state: the LoRA tensors gathered by wide.train.fsdp.lora_state_dict (needed when sharded)."""
     save_routers(wm, out, training=training)
     if adapter is not None:
-        adapter.save_pretrained(str(out))
+        adapter.save_pretrained(str(out), state_dict=lora_state)
 
 
 def save_trainer_checkpoint(
@@ -138,12 +154,13 @@ def save_trainer_checkpoint(
     rank, ws = dist_world()
     ckpt = out / f"checkpoint-{step}"
     tmp = out / f".tmp-checkpoint-{step}"
+    optim, lora = optimizer_state_dict(wm, opt), lora_state_dict(adapter)  # collectives when sharded
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
-        save_trainable(wm, tmp, adapter, training={"step": step, "partial": True})
+        save_trainable(wm, tmp, adapter, training={"step": step, "partial": True}, lora_state=lora)
         state = {
             "step": step,
-            "optimizer": opt.state_dict(),
+            "optimizer": optim,
             "scheduler": sched.state_dict(),
             "data_order": order.state_dict(),
             "rng": rng_state(),
@@ -186,17 +203,20 @@ def calibrate(
     resume: bool = False,
     progress: bool = True,
     adapter=None,
+    device: torch.device | None = None,
 ) -> dict:
     """Train the routers of wm on dataset (a wide.train.data.TokenDataset); write checkpoints and the
     final routers into out_dir; return the training summary.
 
     adapter: stage 2 (LoRA recovery) — a peft model whose LoRA layers were injected into wm.model
-    before the routers were attached; its LoRA parameters train together with the routers."""
+    before the routers were attached; its LoRA parameters train together with the routers.
+    device: where the computation runs (default: where the model's parameters are; needed when the
+    model was loaded on the CPU for `tc.parallel` fsdp / cpu_offload)."""
     from wide.train.data import DataOrder
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    device = next(wm.model.parameters()).device
+    device = device or next(wm.model.parameters()).device
     cfg: WideConfig = wm.config
     rank, ws = dist_world()
     if tc.batch_size % ws:
@@ -208,6 +228,8 @@ def calibrate(
         p.requires_grad_(True)
     wm.model.train(adapter is not None)  # stage 1: no dropout at all; stage 2: LoRA dropout on
     broadcast_([p.data for p in params.values()])  # identical starting point on every rank
+    prepare_model(wm, tc.parallel, device)  # activation checkpointing, FSDP2 (docs/training.md)
+    params = trainable_parameters(wm, adapter)  # FSDP replaces the LoRA parameters by sharded ones
     if tc.compile:
         wm.compile_layers()
     opt = build_optimizer(params, tc)
@@ -222,21 +244,20 @@ def calibrate(
 
         wm.routers.load_state_dict(load_file(str(ckpt / "routers.safetensors")))
         if adapter is not None:
-            from peft import set_peft_model_state_dict
-
-            set_peft_model_state_dict(adapter, load_file(str(ckpt / "adapter_model.safetensors")))
+            load_lora_state_(adapter, load_file(str(ckpt / "adapter_model.safetensors")))
         st = torch.load(ckpt / STATE_NAME, weights_only=False)
         if st["train_config"]["steps"] != tc.steps:
             raise ValueError(
                 f"--resume with steps={tc.steps} but the run was started with "
                 f"{st['train_config']['steps']} (the schedule depends on it)"
             )
-        opt.load_state_dict(st["optimizer"])
+        load_optimizer_state_dict_(wm, opt, st["optimizer"])
         sched.load_state_dict(st["scheduler"])
         order.load_state_dict(st["data_order"])
-        if st.get("world_size", 1) != ws:
-            raise ValueError(f"--resume on {ws} ranks, but the run was started on {st.get('world_size', 1)}")
-        set_rng_state(st["rng"] if rank == 0 else torch.load(ckpt / f"rng_rank{rank}.pt", weights_only=False))
+        if st.get("world_size", 1) == ws:
+            set_rng_state(st["rng"] if rank == 0 else torch.load(ckpt / f"rng_rank{rank}.pt", weights_only=False))
+        else:  # per-rank noise streams cannot continue on another number of ranks: restart them
+            seed_everything(rank_seed(tc.seed, rank, st["step"]))
         start, log_state = st["step"], st["log_state"]
     amp = autocast_dtype(device)
     log_path = out / "train_log.jsonl"
@@ -257,6 +278,7 @@ def calibrate(
                 else:
                     lm = wm(ids, attention_mask=am, labels=labels).loss
             a, f = wm.skip_rates()
+            lm, a, f = global_batch_terms(lm, a, f, labels, am)  # the global batch's loss and rates
             loss = lm.float() + sparsity_loss(a, f, cfg)
             (loss / tc.grad_accum).backward()
             a_arg, f_arg = wm.skip_rates("_argmax")
@@ -275,7 +297,7 @@ def calibrate(
             )
             log_state["tokens"] += int(batch["attention_mask"].sum()) * ws  # host copy: no device sync
         all_reduce_mean_([p.grad for p in params.values() if p.grad is not None])
-        torch.nn.utils.clip_grad_norm_(list(params.values()), tc.max_grad_norm)
+        clip_grad_norm_(params.values(), tc.max_grad_norm, device)
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
@@ -299,6 +321,7 @@ def calibrate(
                 "elapsed_s": elapsed,
                 "tokens_per_s": log_state["tokens"] / max(elapsed, 1e-9),
             }
+            rec.update(perf_fields(log_state["tokens"], elapsed, device))  # per GPU; a collective
             if rank == 0:
                 with open(log_path, "a") as fh:
                     fh.write(json.dumps(rec) + "\n")
@@ -318,6 +341,7 @@ def calibrate(
         "device": str(device),
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
     }
+    summary.update(perf_fields(log_state["tokens"], elapsed, device))
     wm.model.eval()
     if tc.fit_mode != "none":  # every rank fits on the same batches: identical thresholds everywhere
         fit_order = DataOrder(len(dataset), tc.batch_size, seed=tc.seed + 1)
@@ -326,7 +350,8 @@ def calibrate(
         summary["skip_bias_fit"] = fit_thresholds(wm, batches, device, tc.fit_mode)
     wm.mode = "argmax"
     summary["stage"] = "lora" if adapter is not None else "calibration"
+    lora = lora_state_dict(adapter)  # a collective when sharded
     if rank == 0:
-        save_trainable(wm, out, adapter, training=summary)
+        save_trainable(wm, out, adapter, training=summary, lora_state=lora)
     barrier()
     return summary
