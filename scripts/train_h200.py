@@ -49,7 +49,7 @@ TINY = dict(
 Size = tuple[int, int]  # (batch, seq_len)
 # the search, in increasing tokens per step within each sequence length
 SEARCH_8B: list[Size] = [(b, 4096) for b in (8, 16, 32, 48, 64, 96)] + [(b, 16384) for b in (2, 4, 8, 12, 16)]
-SEARCH_TINY: list[Size] = [(b, 32) for b in (2, 4, 8)] + [(b, 64) for b in (2, 4)]
+SEARCH_TINY: list[Size] = [(2, 32), (4, 32), (2, 64)]
 
 
 def random_dataset(n: int, seq_len: int, vocab: int, seed: int = 0) -> TokenDataset:
@@ -163,7 +163,12 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda" if torch.cuda.is_available() and not a.tiny else "cpu")
     created_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
-    init_from_env(single_process=True)  # FSDP needs a process group, even of one rank
+    try:
+        init_from_env(single_process=True)  # FSDP needs a process group, even of one rank
+        group_error = None
+    except Exception as e:  # the replica runs do not need it
+        group_error = f"process group: {type(e).__name__}: {e}"
+        traceback.print_exc()
     shape = TINY if a.tiny else LLAMA_8B
     dtype = torch.float32 if a.tiny else torch.bfloat16
     base: Size = tuple(int(x) for x in (a.base or ("2x32" if a.tiny else "4x4096")).split("x"))  # type: ignore[assignment]
@@ -181,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         "build_s": time.perf_counter() - t_start,
         "records": [],
     }
+    if group_error:
+        doc["fsdp_error"] = group_error
 
     def write() -> None:
         doc["largest_fit"] = largest_fit([r for r in doc["records"] if not r["fsdp"]])
@@ -216,11 +223,11 @@ def main(argv: list[str] | None = None) -> int:
 
     search(lambda s: attempt(replica, s, 1, "search"), sizes, time_left, est_s)
     fsdp = ParallelConfig("fsdp", activation_checkpointing=True)  # wraps the model in place: runs last
-    if est_s(base) * a.steps < time_left():
+    if group_error is None and est_s(base) * a.steps < time_left():
         attempt(fsdp, base, a.steps, "fsdp")
     best = doc["largest_fit"]
     big: Size | None = (best["batch"], best["seq_len"]) if best is not None else None
-    if big is not None and big != base and est_s(big) < time_left():
+    if group_error is None and big is not None and big != base and est_s(big) < time_left():
         attempt(fsdp, big, 1, "fsdp")
     write()
     print(f"wrote {out / 'train-h200.json'} ({doc['elapsed_s']:.0f} s); largest fit: {doc['largest_fit']}")
