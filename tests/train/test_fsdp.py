@@ -10,7 +10,7 @@ Tolerance. What remains different is the order of floating-point sums: per-rank 
 all-reduces and FSDP's reduce-scatter instead of one mean over the batch, and the gradient norm summed
 shard by shard. Those change a gradient by a few fp32 ulps; AdamW divides each gradient by its running
 RMS, so relative errors pass to the update at the learning-rate scale (lr 1e-2 here) but are not
-amplified: after a few steps the two runs agree to well inside ATOL / RTOL, which in turn sit three
+amplified: after a few steps the two runs agree to well inside ATOL / RTOL, which in turn sit two
 orders of magnitude below one learning-rate step. A real fault (a lost or duplicated data shard,
 LoRA shards mixed up on gather or resume, a wrong optimizer state) moves parameters by a sizeable
 fraction of lr. The sparsity terms' reduction is checked exactly against a one-process computation
@@ -27,17 +27,15 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-import torch.nn.functional as F
 
 from tests.conftest import tiny_model
 from tests.train.test_calibrate import _dataset
 from wide.config import WideConfig
 from wide.model import WideModel
-from wide.routing import EXECUTE
 from wide.train.calibrate import TrainConfig, calibrate
 from wide.train.fsdp import ParallelConfig
 
-ATOL, RTOL = 1e-5, 1e-4
+ATOL, RTOL = 1e-4, 1e-3
 CFG = dict(ffn_group_size=16, router_rank=8, sparsity=0.4)
 TC = dict(steps=4, batch_size=4, seq_len=16, save_every=2, log_every=1, fit_mode="none", lr=1e-2)
 LORA_TC = dict(TC, steps=3, max_grad_norm=0.05)  # small max norm: clipping is active
@@ -45,11 +43,12 @@ LORA_TC = dict(TC, steps=3, max_grad_norm=0.05)  # small max norm: clipping is a
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
 
 
-def noise_free_execute(logits: torch.Tensor, tau) -> torch.Tensor:
-    """hard_gumbel_execute without the Gumbel noise: argmax forward, softmax straight-through gradient."""
-    soft = (logits / tau).softmax(-1)
-    hard = F.one_hot(soft.argmax(-1), 2).to(soft.dtype)
-    return (hard - soft.detach() + soft)[..., EXECUTE]
+def noise_free_execute(margin: torch.Tensor, tau) -> torch.Tensor:
+    """hard_gumbel_execute without the Gumbel noise: argmax forward, sigmoid straight-through gradient.
+    margin: [..., N_G] skip margins -> execute mask [..., N_G]."""
+    soft_skip = torch.sigmoid(margin / tau)
+    skip = (margin > 0).to(soft_skip.dtype) - soft_skip.detach() + soft_skip
+    return 1.0 - skip
 
 
 def _patch_noise() -> None:
