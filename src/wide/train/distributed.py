@@ -23,18 +23,17 @@ def world() -> tuple[int, int]:
 
 
 def init_from_env(single_process: bool = False) -> torch.device | None:
-    """Join the process group torchrun describes (RANK / WORLD_SIZE / LOCAL_RANK); return this rank's
-    device, or None when not launched by torchrun. single_process: outside torchrun, create a
-    one-rank group (FSDP needs one even on a single GPU)."""
+    """Join the process group torchrun describes (RANK / WORLD_SIZE / LOCAL_RANK) and return this
+    rank's device; None when not launched by torchrun. single_process: outside torchrun, create a
+    one-rank group first (FSDP needs one even on a single device; gloo for CPU tensors, NCCL for CUDA)."""
     if not dist.is_available():
         return None
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        if not single_process:
-            return None
-        if not dist.is_initialized():
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if single_process and not dist.is_initialized():
+            backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    elif not dist.is_initialized():
+        return None
+    if not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend)
     if torch.cuda.is_available():
