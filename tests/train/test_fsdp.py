@@ -3,8 +3,9 @@ adapters as one plain process over the same global batches, and checkpoints resu
 
 Routing noise. Every rank draws its own Gumbel noise (rank r seeds seed + r), so a 2-rank run samples
 other noise for the same rows than a 1-rank run: a statistically equivalent but different trajectory.
-These tests swap in the noise-free straight-through estimator (hard argmax forward, softmax gradient),
-which makes the two runs the same computation; LoRA dropout is 0 for the same reason.
+These tests swap in the noise-free straight-through estimator (hard argmax forward, sigmoid gradient),
+which makes the two runs the same computation; LoRA dropout is 0 for the same reason. The 2-rank LoRA
+run also uses CPU offload and a small clipping norm, so offload and the sharded gradient clip are checked.
 
 Tolerance. What remains different is the order of floating-point sums: per-rank means combined by
 all-reduces and FSDP's reduce-scatter instead of one mean over the batch, and the gradient norm summed
