@@ -3,8 +3,8 @@
 Random bf16 weights (no download) and random tokens; stage-1 calibration through the public
 `wide.train.calibrate.calibrate` with activation checkpointing, at world size 1:
   1. replica mode (the plain model) at the base size, a few steps: steady tokens/s (after step 1);
-  2. a search over batch x sequence (one step each, in increasing tokens per step; a family of one
-     sequence length stops at its first OOM; sizes that would overrun the time budget are skipped);
+  2. a search over batch x sequence (one step each, in increasing tokens per step; a sequence length
+     stops at its first OOM; sizes that would overrun the time budget are skipped and recorded);
   3. FSDP2 mode (`--parallel fsdp`, one rank) at the base size, then at the largest size that fit.
 Every record is written to OUT/train-h200.json as soon as it exists (fields: world_size, fsdp,
 activation_checkpointing, batch, seq_len, tokens_per_s, peak_gb, ...), so a timeout keeps what ran.
@@ -47,8 +47,11 @@ TINY = dict(
     max_position_embeddings=256,
 )
 Size = tuple[int, int]  # (batch, seq_len)
-# the search, in increasing tokens per step within each sequence length
-SEARCH_8B: list[Size] = [(b, 4096) for b in (8, 16, 32, 48, 64, 96)] + [(b, 16384) for b in (2, 4, 8, 12, 16)]
+# the search, in increasing tokens per step, the two sequence lengths interleaved (a time budget cuts both)
+SEARCH_8B: list[Size] = sorted(
+    [(b, 4096) for b in (8, 16, 32, 48, 64, 96)] + [(b, 16384) for b in (2, 4, 8, 12, 16)],
+    key=lambda s: (s[0] * s[1], s[1]),
+)
 SEARCH_TINY: list[Size] = [(2, 32), (4, 32), (2, 64)]
 
 
@@ -106,6 +109,7 @@ def run_one(wm: WideModel, parallel: ParallelConfig, size: Size, steps: int, dev
         "tokens_per_s_per_gpu": tps / summary["world_size"],
         "wall_s": summary["wall_time_s"],
         "peak_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None,
+        "peak_reserved_gb": torch.cuda.max_memory_reserved(device) / 1e9 if device.type == "cuda" else None,
         "final_loss": log[-1]["loss"],
         "ok": True,
     }
