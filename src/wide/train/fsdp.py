@@ -148,20 +148,18 @@ def clip_grad_norm_(params: Iterable[torch.Tensor], max_norm: float, device: tor
     averaged, identical on every rank) and FSDP-sharded DTensors (each rank holds a disjoint shard).
     Returns the total 2-norm, the same on every rank."""
     params = list(params)
-    grads = [p.grad for p in params if p.grad is not None]
-    if not any(is_sharded(g) for g in grads):
+    sharded = [p for p in params if is_sharded(p)]  # decided from the parameters: the same on every rank
+    if not sharded:
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    grads = [p.grad for p in params if p.grad is not None]
     plain = torch.zeros((), dtype=torch.float32, device=device)
     shard = torch.zeros((), dtype=torch.float32, device=device)
-    group = None
     for g in grads:
         if is_sharded(g):
             shard += g.to_local().float().pow(2).sum().to(device)
-            group = g.device_mesh.get_group()
         else:
             plain += g.float().pow(2).sum().to(device)
-    if group is not None:
-        dist.all_reduce(shard, group=group)  # the shards are disjoint: their squares add up
+    dist.all_reduce(shard, group=sharded[0].device_mesh.get_group())  # disjoint shards: squares add up
     total = (plain + shard).sqrt()
     coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
     for g in grads:
