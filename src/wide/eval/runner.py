@@ -49,11 +49,13 @@ def _eval_tasks(tasks: str | list[str]) -> tuple[list[str], bool]:
 
 
 def _check_data(tasks: list[str], wikitext: bool, data_dir) -> None:
-    from wide.eval.tasks import DATA_FILES
+    from wide.eval.tasks import DATA_FILES, wikitext_test_pages
 
-    for t in tasks + (["wikitext"] if wikitext else []):
+    for t in tasks:
         for i in range(len(DATA_FILES[t])):
             data_path(t, i, data_dir)
+    if wikitext:  # the data root's file, else the hub (fails here, before any model loads)
+        wikitext_test_pages(data_dir)
 
 
 def _lm_eval_scores(results: dict, tasks: list[str]) -> dict:

@@ -12,6 +12,7 @@ same data as lm-eval's hub datasets.
 from __future__ import annotations
 
 import bz2
+import gzip
 import json
 import re
 import tempfile
@@ -19,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from wide.paths import data_dir as _data_root
+from wide.paths import find_data_dir, packaged_wikitext_slice
 
 # The seven zero-shot tasks of the paper's Table 1, in its column order, and the metric it reports.
 ZERO_SHOT_TASKS = ("arc_easy", "arc_challenge", "boolq", "winogrande", "piqa", "openbookqa", "hellaswag")
@@ -224,6 +226,38 @@ def wikitext_pages(text: str) -> list[str]:
     return pages
 
 
+# The hub dataset lm-eval's `wikitext` task reads: the same pages as `wikitext_pages(wiki.test.raw)`.
+WIKITEXT_HUB = ("EleutherAI/wikitext_document_level", "wikitext-2-raw-v1", "test")
+
+
+def wikitext_test_pages(data_dir: str | Path | None = None, *, allow_slice: bool = False) -> tuple[list[str], str]:
+    """(pages of WikiText-2's test split, where they came from: "data root", "packaged slice" or "hub").
+
+    Lookup: wikitext/wiki.test.raw under the data root (flag, $WIDE_DATA, shared/data); else, with
+    `allow_slice`, the first pages packaged with `wide` (a caller that needs more pages than the slice
+    holds must call again without it); else `datasets.load_dataset(WIKITEXT_HUB)` (online, cached by
+    `datasets`). FileNotFoundError when none is available."""
+    root = find_data_dir(data_dir)
+    local = root / DATA_FILES["wikitext"][0] if root is not None else None
+    if local is not None and local.is_file():
+        return wikitext_pages(local.read_text(encoding="utf-8")), "data root"
+    if allow_slice:
+        with gzip.open(packaged_wikitext_slice(), "rt", encoding="utf-8") as f:
+            return wikitext_pages(f.read()), "packaged slice"
+    try:
+        import datasets
+
+        name, config, split = WIKITEXT_HUB
+        pages = list(datasets.load_dataset(name, config, split=split)["page"])
+    except Exception as e:  # offline, hub unreachable, datasets missing: all surface the same way
+        where = str(local) if local is not None else "no data root (set WIDE_DATA or --data-dir)"
+        raise FileNotFoundError(
+            f"WikiText-2 test set not found: {where}, and loading {WIKITEXT_HUB[0]} ({WIKITEXT_HUB[1]}) "
+            f"from the Hugging Face hub failed ({type(e).__name__}: {e})"
+        ) from e
+    return pages, "hub"
+
+
 def wikitext_docs(path: Path) -> list[dict]:
     """EleutherAI/wikitext_document_level fields: page."""
     return [{"page": p} for p in wikitext_pages(path.read_text(encoding="utf-8"))]
@@ -244,6 +278,8 @@ _BUILDERS = {
 def build_docs(task: str, data_dir: str | Path | None = None) -> list[dict]:
     """The hub-format documents of `task`, rebuilt from the local files."""
     (task,) = resolve_tasks([task])
+    if task == "wikitext":  # also from the hub when no data root holds it
+        return [{"page": p} for p in wikitext_test_pages(data_dir)[0]]
     paths = [data_path(task, i, data_dir) for i in range(len(DATA_FILES[task]))]
     return _BUILDERS[task](*paths)
 
