@@ -4,8 +4,8 @@
 # WikiText-2 test set dense vs both checkpoints. CPU, fp32. Usage: WIDE_DATA=../shared/data bash scripts/refit_shipped_cpu.sh
 set -euo pipefail
 for s in 25 50; do
-  wide refit --routers checkpoints/smollm2-135m-s$s --mode kind --batches 4 --batch-size 8 --device cpu
+  wide refit --routers src/wide/checkpoints/smollm2-135m-s$s --mode kind --batches 4 --batch-size 8 --device cpu
 done
-wide eval --routers checkpoints/smollm2-135m-s25 checkpoints/smollm2-135m-s50 --tasks wikitext \
+wide eval --routers smollm2-135m-s25 smollm2-135m-s50 --tasks wikitext \
   --max-length 2048 --batch-size 4 --dtype fp32 --device cpu --no-lm-eval-check \
   --out bench/results/smollm2/wide_ppl_cpu_kindfit

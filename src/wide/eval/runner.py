@@ -236,7 +236,7 @@ def run_eval(
             "wall_seconds": time.time() - t_start,
             "env": _env(),
         }
-        _summarise(res)
+        summarise(res)
         res["markdown"] = to_markdown(res)
         if out:  # after every row: an interrupted run keeps the rows it finished
             write_outputs(res, out)
@@ -270,7 +270,7 @@ def run_eval(
     return result
 
 
-def _summarise(result: dict) -> None:
+def summarise(result: dict) -> None:
     """Average over the tasks and retention vs dense per row (in place)."""
     dense = result["rows"].get("dense")
     for row in result["rows"].values():

@@ -4,10 +4,10 @@
 # bench/results/smollm2/dense.json (same protocol); DENSE=1 re-runs it here. Results are rewritten
 # after every row, so a run cut short keeps the rows it finished.
 # Usage (repo root), three calls in a row on one warm machine (each carry stays under 64 MiB with the
-# tree): carry .device-carry/smol.part.aa and run `source scripts/device_setup.sh`; carry smol.part.ab +
-# data.tar.xz and run it again; carry evalwhl and run: bash scripts/device_eval_routed.sh OUT
+# tree): carry .device-carry/smol.part.aa and run `source scripts/device/setup.sh`; carry smol.part.ab +
+# data.tar.xz and run it again; carry evalwhl and run: bash scripts/device/eval_routed.sh OUT
 set -u
-source scripts/device_setup.sh
+source scripts/device/setup.sh
 OUT=${1:-/tmp/out}; mkdir -p "$OUT"
 start=$(date +%s)
 python3 -m wide.cli eval --model smollm2-135m \
