@@ -15,7 +15,7 @@ import pstats
 import sys
 import time
 
-from profile_e2e import COMPILE, CUDA, SHAPE, sync, runtime_calls  # scripts/ is on sys.path when run
+from profile_e2e import COMPILE, CUDA, SHAPE, runtime_calls, sync  # scripts/ is on sys.path when run
 
 
 def main() -> None:

@@ -236,7 +236,8 @@ def main() -> None:
         f"$OUT` (step `{meta['command']}`); the dense/sorted GEMM-MN thresholds: `python3 "
         "scripts/mn_dense_threshold.py $OUT` at a53b7c9 (`mn-dense-threshold-h200.json`); e2e at b69a101 "
         "`VARIANTS_S=0 BENCH_S=0 TEST_S=0 E2E_S=480 PROFILE_S=0 E2E_ARGS=--compile bash "
-        "scripts/device/kernels.sh $OUT` (step `wide bench e2e --compile`; earlier runs: docs/results.md); the whole GPU suite (routed GEMMs, "
+        "scripts/device/kernels.sh $OUT` (step `wide bench e2e --compile`; earlier runs: docs/results.md); "
+        "the whole GPU suite (routed GEMMs, "
         "routers, PDL, reorder and row order, attention, runtime) at b69a101: `VARIANTS_S=0 BENCH_S=0 TEST_S=430 "
         "E2E_S=0 PROFILE_S=0 bash scripts/device/kernels.sh $OUT` (`gpu-tests-h200.log`: 643 passed); "
         'profile at c53ef79 with `WIDE_COMPILE=1 PROFILE_S=150 PROFILE_ARGS="4096 0.7"` (`profile-e2e-h200.txt`); '

@@ -11,7 +11,7 @@ source scripts/device/setup.sh
 OUT=${1:-/tmp/out}; mkdir -p "$OUT"
 start=$(date +%s)
 python3 -m wide.cli eval --model smollm2-135m \
-  --routers checkpoints/smollm2-135m-s25 checkpoints/smollm2-135m-s50 --tasks all \
+  --routers smollm2-135m-s25 smollm2-135m-s50 --tasks all \
   --dtype bf16 --batch-size 64 --max-length 4096 --no-lm-eval-check $([ "${DENSE:-0}" = 1 ] || echo --no-dense) \
   --out "$OUT/routed" 2>&1 | tr '\r' '\n' | grep -v "it/s\]$" | tail -20
 echo "wall $(( $(date +%s) - start )) s" | tee "$OUT/routed_wall.txt"
