@@ -200,3 +200,14 @@ def test_cli_routers_accept_shipped_names():
     assert Path(args.routers) == shipped_routers()[0]
     with pytest.raises(SystemExit):
         build_parser().parse_args(["viz", "--routers", "no-such-routers"])
+
+
+def test_calibrate_without_any_data_names_the_flags(tmp_path, monkeypatch, capsys):
+    """No --data and no data root: a one-line error naming --data and --data-dir, before any model loads."""
+    import wide.paths
+    from wide.cli import _training_data
+
+    monkeypatch.setattr(wide.paths, "find_data_dir", lambda override=None: None)
+    args = build_parser().parse_args(["calibrate", "--out", str(tmp_path / "o")])
+    with pytest.raises(FileNotFoundError, match=r"--data .*--data-dir"):
+        _training_data(args, tok=None, seq_len=8)

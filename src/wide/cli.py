@@ -39,10 +39,16 @@ def _dtype(name: str, device: torch.device) -> torch.dtype:
 
 def _training_data(a: argparse.Namespace, tok, seq_len: int, mode: str = "packed"):
     """(dataset, source) from --data, defaulting to the RedPajama sample under the data root."""
-    from wide.paths import data_dir
+    from wide.paths import data_dir, find_data_dir
     from wide.train.data import load_calibration_data
 
-    root = data_dir(a.data_dir) if (a.data_dir or not a.data) else None
+    # --data alone: relative paths still resolve under a data root if one is found (train.data does that)
+    root = data_dir(a.data_dir) if a.data_dir else (None if a.data else find_data_dir())
+    if a.data is None and root is None:
+        raise FileNotFoundError(
+            "no training text: pass --data (a .txt/.jsonl/.json/.parquet file, a folder, or a Hugging Face dataset "
+            "name when online), or --data-dir / WIDE_DATA for the RedPajama sample of a data folder"
+        )
     data = a.data or str(root / "redpajama" / "sample_redpajama")
     ds = load_calibration_data(data, tok, seq_len=seq_len, mode=mode, data_root=root)
     print(f"training data: {len(ds)} sequences x {seq_len} tokens from {data}", file=sys.stderr)
