@@ -117,6 +117,10 @@ def test_wikitext_lookup_order(tmp_path, monkeypatch):
     (tmp_path / "wikitext" / "wiki.test.raw").write_text(" \n = A = \n\n a . \n\n = B = \n\n b . \n", encoding="utf-8")
     pages, source = tasks.wikitext_test_pages(tmp_path, allow_slice=True)
     assert (len(pages), source) == (2, "data root")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match="wiki.test.raw"):  # a data root is used, never skipped
+        tasks.wikitext_test_pages(empty, allow_slice=True)
 
     calls = []
 
@@ -211,3 +215,22 @@ def test_calibrate_without_any_data_names_the_flags(tmp_path, monkeypatch, capsy
     args = build_parser().parse_args(["calibrate", "--out", str(tmp_path / "o")])
     with pytest.raises(FileNotFoundError, match=r"--data .*--data-dir"):
         _training_data(args, tok=None, seq_len=8)
+
+
+def test_task_configs_keep_the_hub_dataset_without_a_data_root(tmp_path, monkeypatch):
+    """No data root: lm-eval's own config under the offline name (its hub dataset); with one: the local JSONL."""
+    pytest.importorskip("lm_eval")
+    monkeypatch.setattr(tasks, "find_data_dir", lambda override=None: None)
+    out = tasks.write_task_dir(["boolq"], out_dir=tmp_path / "hub")
+    cfg = json.loads((out / "offline_boolq.yaml").read_text())
+    assert cfg["task"] == "offline_boolq" and "dataset_path" not in cfg
+    assert cfg["include"].endswith("super_glue/boolq/default.yaml")
+    assert not (out / "boolq.jsonl").exists()
+    root = tmp_path / "data"
+    (root / "boolq").mkdir(parents=True)
+    (root / "boolq" / "dev.jsonl").write_text('{"question": "q", "title": "t", "passage": "p", "answer": true}\n')
+    monkeypatch.setattr(tasks, "find_data_dir", lambda override=None: root)
+    monkeypatch.setattr(tasks, "_data_root", lambda override=None: root)
+    out = tasks.write_task_dir(["boolq"], out_dir=tmp_path / "local")
+    cfg = json.loads((out / "offline_boolq.yaml").read_text())
+    assert cfg["dataset_path"] == "json" and (out / "boolq.jsonl").is_file()

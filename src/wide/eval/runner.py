@@ -49,11 +49,14 @@ def _eval_tasks(tasks: str | list[str]) -> tuple[list[str], bool]:
 
 
 def _check_data(tasks: list[str], wikitext: bool, data_dir) -> None:
-    from wide.eval.tasks import DATA_FILES, wikitext_test_pages
+    from wide.eval.tasks import DATA_FILES, find_data_dir, wikitext_test_pages
 
-    for t in tasks:
-        for i in range(len(DATA_FILES[t])):
-            data_path(t, i, data_dir)
+    if tasks and find_data_dir(data_dir) is None:
+        log.warning("no data root (WIDE_DATA / --data-dir): lm-eval loads %s from the hub (online)", ", ".join(tasks))
+    elif tasks:
+        for t in tasks:
+            for i in range(len(DATA_FILES[t])):
+                data_path(t, i, data_dir)
     if wikitext:  # the data root's file, else the hub (fails here, before any model loads)
         wikitext_test_pages(data_dir)
 

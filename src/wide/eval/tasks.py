@@ -6,7 +6,7 @@ below), written as JSONL, and a YAML config that `include`s lm-eval's built-in Y
 `dataset_path: json` at it. The tasks are named `offline_<task>` and tagged `wide_offline`.
 
 HellaSwag is approximate (llama.cpp's text format, see `hellaswag_docs`); all other tasks carry the
-same data as lm-eval's hub datasets.
+same data as lm-eval's hub datasets. Without any data root a task keeps its hub dataset (online).
 """
 
 from __future__ import annotations
@@ -233,14 +233,13 @@ WIKITEXT_HUB = ("EleutherAI/wikitext_document_level", "wikitext-2-raw-v1", "test
 def wikitext_test_pages(data_dir: str | Path | None = None, *, allow_slice: bool = False) -> tuple[list[str], str]:
     """(pages of WikiText-2's test split, where they came from: "data root", "packaged slice" or "hub").
 
-    Lookup: wikitext/wiki.test.raw under the data root (flag, $WIDE_DATA, shared/data); else, with
-    `allow_slice`, the first pages packaged with `wide` (a caller that needs more pages than the slice
-    holds must call again without it); else `datasets.load_dataset(WIKITEXT_HUB)` (online, cached by
-    `datasets`). FileNotFoundError when none is available."""
-    root = find_data_dir(data_dir)
-    local = root / DATA_FILES["wikitext"][0] if root is not None else None
-    if local is not None and local.is_file():
-        return wikitext_pages(local.read_text(encoding="utf-8")), "data root"
+    Lookup: wikitext/wiki.test.raw under the data root (flag, $WIDE_DATA, shared/data; a root without
+    that file is an error naming it); with no data root, the first pages packaged with `wide` when
+    `allow_slice` (a caller that needs more pages than the slice holds must call again without it); else
+    `datasets.load_dataset(WIKITEXT_HUB)` (online, cached by `datasets`). FileNotFoundError when none is
+    available."""
+    if find_data_dir(data_dir) is not None:
+        return wikitext_pages(data_path("wikitext", 0, data_dir).read_text(encoding="utf-8")), "data root"
     if allow_slice:
         with gzip.open(packaged_wikitext_slice(), "rt", encoding="utf-8") as f:
             return wikitext_pages(f.read()), "packaged slice"
@@ -250,9 +249,9 @@ def wikitext_test_pages(data_dir: str | Path | None = None, *, allow_slice: bool
         name, config, split = WIKITEXT_HUB
         pages = list(datasets.load_dataset(name, config, split=split)["page"])
     except Exception as e:  # offline, hub unreachable, datasets missing: all surface the same way
-        where = str(local) if local is not None else "no data root (set WIDE_DATA or --data-dir)"
         raise FileNotFoundError(
-            f"WikiText-2 test set not found: {where}, and loading {WIKITEXT_HUB[0]} ({WIKITEXT_HUB[1]}) "
+            "WikiText-2 test set not found: no data root (set WIDE_DATA or --data-dir), and loading "
+            f"{WIKITEXT_HUB[0]} ({WIKITEXT_HUB[1]}) "
             f"from the Hugging Face hub failed ({type(e).__name__}: {e})"
         ) from e
     return pages, "hub"
@@ -321,10 +320,16 @@ def write_task_dir(
     out_dir: str | Path | None = None,
 ) -> Path:
     """Write `offline_<task>` configs (+ their JSONL docs) into out_dir (a new temp dir by default)
-    and return it: pass it to lm-eval as `include_path` / `--include_path`."""
+    and return it: pass it to lm-eval as `include_path` / `--include_path`. With no data root at all a
+    task keeps lm-eval's hub dataset (loaded online, cached by `datasets`); a data root that lacks a
+    task's file is an error naming it."""
     out = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="wide-tasks-"))
     out.mkdir(parents=True, exist_ok=True)
     for task in resolve_tasks(list(tasks)):
+        if find_data_dir(data_dir) is None:  # no data root: lm-eval's own config, its hub dataset (online)
+            cfg = {"include": str(builtin_yaml(task)), "task": OFFLINE_PREFIX + task, "tag": [OFFLINE_TAG]}
+            (out / f"{OFFLINE_PREFIX}{task}.yaml").write_text(json.dumps(cfg, indent=1), encoding="utf-8")
+            continue
         docs = build_docs(task, data_dir)
         docs_file = (out / f"{task}.jsonl").resolve()
         with docs_file.open("w", encoding="utf-8") as f:
