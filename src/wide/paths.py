@@ -1,8 +1,9 @@
 """Where the offline data, the packaged demo data, the shipped routers and the caches live.
 
-Data lookup order (see README "Data"): ``--data-dir``, then ``$WIDE_DATA``, then a ``shared/data``
-next to the working directory or the repository; then the WikiText-2 slice packaged with ``wide`` (the
-demo's tokens only); then Hugging Face ``datasets`` when online (cached by ``datasets``).
+Data lookup (see README "Data"): the data root is ``--data-dir``, else ``$WIDE_DATA``, else a
+``shared/data`` next to the working directory or the repository; when there is one, its files are used.
+Without a data root: the WikiText-2 slice packaged with ``wide`` (the demo's tokens only), then Hugging
+Face ``datasets`` when online (cached by ``datasets``).
 """
 
 from __future__ import annotations
