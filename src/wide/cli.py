@@ -256,6 +256,7 @@ def cmd_viz(a: argparse.Namespace) -> int:
         batch_size=1,
         device=device,
         meter=wm.meter,
+        desc=f"{Path(a.routers).name} wikitext",
     )
     summary = wm.stop_meter()
     made = [

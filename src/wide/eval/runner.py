@@ -87,7 +87,19 @@ def _combine(parts: list[dict]) -> dict:
 
 
 def _evaluate_one(
-    lm, wm, tasks, wikitext, *, task_dir, limit, batch_size, max_length, ppl_max_length, data_dir, check_wikitext
+    lm,
+    wm,
+    tasks,
+    wikitext,
+    *,
+    task_dir,
+    limit,
+    batch_size,
+    max_length,
+    ppl_max_length,
+    data_dir,
+    check_wikitext,
+    label: str = "",
 ) -> dict:
     from lm_eval import simple_evaluate
 
@@ -126,6 +138,7 @@ def _evaluate_one(
             batch_size=batch_size,
             limit_docs=limit,
             meter=wm.meter if wm is not None else None,
+            desc=f"{label} wikitext".strip(),  # the progress bar names the row it scores
         )
         if wm is not None:
             row["sparsity"]["wikitext"] = wm.meter.summary()
@@ -203,7 +216,7 @@ def run_eval(
     lm_kwargs = dict(max_length=max_length, batch_size=batch_size, softmax_dtype=softmax_dtype)
     rows: dict[str, dict] = {}
 
-    def evaluate(lm, wm) -> dict:
+    def evaluate(lm, wm, label: str) -> dict:
         return _evaluate_one(
             lm,
             wm,
@@ -216,6 +229,7 @@ def run_eval(
             ppl_max_length=ppl_max_length,
             data_dir=data_dir,
             check_wikitext=check_wikitext,
+            label=label,
         )
 
     def result_of(rows: dict) -> dict:
@@ -246,7 +260,7 @@ def run_eval(
         return res
 
     if dense:
-        rows["dense"] = evaluate(WideLM(model, model=base, tokenizer=tok, **lm_kwargs), None)
+        rows["dense"] = evaluate(WideLM(model, model=base, tokenizer=tok, **lm_kwargs), None, "dense")
         if routers:  # the last row's write is the final one below
             result_of(rows)
     for i, r in enumerate(routers):
@@ -260,7 +274,8 @@ def run_eval(
             m = base
         wm = WideModel.from_pretrained(m, r, strict_base=strict_base).eval()
         try:
-            row = evaluate(WideLM(model, routers=r, model=m, tokenizer=tok, wide_model=wm, **lm_kwargs), wm)
+            lm = WideLM(model, routers=r, model=m, tokenizer=tok, wide_model=wm, **lm_kwargs)
+            row = evaluate(lm, wm, Path(r).name)
         finally:
             wm.detach()
         row["config"] = wm.config.to_dict()
