@@ -234,3 +234,34 @@ def test_task_configs_keep_the_hub_dataset_without_a_data_root(tmp_path, monkeyp
     out = tasks.write_task_dir(["boolq"], out_dir=tmp_path / "local")
     cfg = json.loads((out / "offline_boolq.yaml").read_text())
     assert cfg["dataset_path"] == "json" and (out / "boolq.jsonl").is_file()
+
+
+@pytest.mark.slow
+def test_demo_budget_scores_the_same_tokens_from_the_slice_as_from_the_full_file(monkeypatch):
+    """With SmolLM2's tokenizer, the demo's 8,192-token budget covers the same pages, tokens and words
+    whether the pages come from the packaged slice or from the full wiki.test.raw."""
+    import torch
+
+    from wide.eval import perplexity
+    from wide.model import SMOLLM2, load_model
+
+    root = tasks.find_data_dir()
+    if root is None or not (root / "wikitext" / "wiki.test.raw").is_file():
+        pytest.skip("no data root with wikitext/wiki.test.raw")
+    _, tok = load_model(SMOLLM2, dtype=torch.float32, device="cpu")
+
+    class Uniform(torch.nn.Module):  # every token equally likely: only the counts matter here
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, input_ids, **kw):
+            return type("O", (), {"logits": torch.zeros(*input_ids.shape, len(tok))})()
+
+    kw = dict(max_tokens=8192, max_length=2048, batch_size=1)
+    full = perplexity.wikitext_perplexity(Uniform(), tok, data_dir=root, **kw)
+    monkeypatch.setattr(tasks, "find_data_dir", lambda override=None: None)
+    sliced = perplexity.wikitext_perplexity(Uniform(), tok, **kw)
+    assert (full["source"], sliced["source"]) == ("data root", "packaged slice")
+    for k in ("docs", "tokens", "words", "bytes", "windows"):
+        assert full[k] == sliced[k], k
