@@ -2,8 +2,8 @@
 
 Reads committed files only: src/wide/checkpoints/smollm2-135m-s*/wide_config.json (training summaries) and
 bench/results/smollm2/wide_ppl.json (H200, bf16, full WikiText-2, the shipped routers as trained:
-thresholds fitted per kind at the end of training). The 600-step results of the first session are kept
-in bench/results/smollm2/600-steps/.
+thresholds fitted per kind at the end of training). The first session's 600-step results are in git
+only (docs/results.md, "Superseded runs").
 Usage: python scripts/summarize_smollm2.py
 """
 
