@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RES = ROOT / "bench" / "results" / "smollm2"
 H200_COMMAND = (
     "three device calls in a row on one warm H200: (1) carry .device-carry/smol.part.aa (any command; "
-    "setup.sh keeps it); (2) carry .device-carry/{smol.part.ab,whl,data.tar.xz}: "
+    "scripts/device/setup.sh keeps it); (2) carry .device-carry/{smol.part.ab,whl,data.tar.xz}: "
     "`DEADLINE_S=545 bash scripts/device/calibrate_start.sh $OUT 2000`; (3) carry .device-carry/evalwhl: "
     "`DEADLINE_S=400 bash scripts/device/calibrate_finish.sh $OUT 2000`"
 )
