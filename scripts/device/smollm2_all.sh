@@ -5,9 +5,9 @@
 #  - dense SmolLM2-135M on the seven zero-shot tasks + WikiText-2 (full sets, lm-eval protocol),
 #    concurrently with the calibrations (quality only: nothing here is a speed measurement);
 #  - WikiText-2 perplexity (full set) dense vs both router checkpoints, with the real sparsity.
-# Usage (repo root, after the GGUF part-1 call): bash scripts/device_smollm2_all.sh OUT STEPS
+# Usage (repo root, after the GGUF part-1 call): bash scripts/device/smollm2_all.sh OUT STEPS
 set -u
-source scripts/device_setup.sh
+source scripts/device/setup.sh
 OUT=${1:-/tmp/out}; STEPS=${2:-600}
 R=$HOME/.cache/wide/runs; mkdir -p "$R" "$OUT"
 start=$(date +%s)
@@ -17,7 +17,7 @@ for s in 25 50; do
     --steps "$STEPS" --batch-size 16 --seq-len 2048 --save-every 100 --log-every 10 --out "$R/s$s" \
     > "$R/calibrate_s$s.log" 2>&1 &
 done
-SKIP_WHEELS=1 timeout 480 bash scripts/device_eval_dense.sh "$R/dense_eval" > "$R/dense_eval.log" 2>&1 &
+SKIP_WHEELS=1 timeout 480 bash scripts/device/eval_dense.sh "$R/dense_eval" > "$R/dense_eval.log" 2>&1 &
 wait
 echo "calibrations + dense eval: $(( $(date +%s) - start )) s"
 python3 -m wide.cli eval --model smollm2-135m --routers "$R/s25" "$R/s50" --tasks wikitext \

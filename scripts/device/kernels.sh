@@ -4,26 +4,22 @@
 # workers, since Triton compilation dominates), a quick `wide bench e2e` and a profile of one
 # prefill / decode. Each step has its own time limit (0 skips it) so that a slow step cannot take the
 # others' results with it.
-# Usage (repo root): BENCH_S=150 TEST_S=180 E2E_S=60 PROFILE_S=90 bash scripts/device_kernels.sh OUT
+# Usage (repo root): BENCH_S=150 TEST_S=180 E2E_S=60 PROFILE_S=90 bash scripts/device/kernels.sh OUT
 #   E2E_ARGS (default --quick) go to `wide bench e2e`, e.g. "--compile"; WIDE_COMPILE=1 profiles the compiled step;
 #   PROFILE_ARGS ("PROMPT RATE", default "4096 0.5") go to scripts/profile_e2e.py.
-#   BENCH_FULL=0 runs the quick sweep; VARIANTS_S=200 first runs scripts/decode_variants.py (decode
-#   kernel configs, each error-checked, then timed). The tests run every (non-slow) test of the kernel
+#   BENCH_FULL=0 runs the quick sweep. (VARIANTS_S, the decode-config sweep of older records, is gone
+#   with scripts/decode_variants.py: docs/results.md.) The tests run every (non-slow) test of the kernel
 #   and runtime files on the GPU with WIDE_AUTOTUNE_MAX=1 (one config per kernel: compile time
-#   dominates; the benchmark's --check and the variants sweep cover the tuned configs).
+#   dominates; the benchmark's --check covers the tuned configs).
 set -u
-source scripts/device_setup.sh > /dev/null 2>&1
+source scripts/device/setup.sh > /dev/null 2>&1
 OUT=${1:-/tmp/out}; mkdir -p "$OUT/bench"
-VARIANTS_S=${VARIANTS_S:-0}; BENCH_S=${BENCH_S:-150}; TEST_S=${TEST_S:-180}; E2E_S=${E2E_S:-60}; PROFILE_S=${PROFILE_S:-90}
+BENCH_S=${BENCH_S:-150}; TEST_S=${TEST_S:-180}; E2E_S=${E2E_S:-60}; PROFILE_S=${PROFILE_S:-90}
 FULL=--full; [ "${BENCH_FULL:-1}" = 0 ] && FULL=""
 start=$(date +%s)
 since() { echo "$(( $(date +%s) - start )) s"; }
-if [ "$VARIANTS_S" -gt 0 ]; then
-  timeout "$VARIANTS_S" python3 scripts/decode_variants.py "$OUT/bench" > "$OUT/variants.log" 2>&1
-  echo "variants rc=$? $(since)"; cat "$OUT/bench/decode_variants.md" 2>/dev/null
-fi
 if [ "$BENCH_S" -gt 0 ]; then
-  WIDE_BENCH_COMMAND="python3 scripts/gpu_kernels_check.py \$OUT/bench --no-tests $FULL --check  (step of scripts/device_kernels.sh)" \
+  WIDE_BENCH_COMMAND="python3 scripts/gpu_kernels_check.py \$OUT/bench --no-tests $FULL --check  (step of scripts/device/kernels.sh)" \
     timeout "$BENCH_S" python3 scripts/gpu_kernels_check.py "$OUT/bench" --no-tests $FULL --check > "$OUT/bench.log" 2>&1
   echo "bench rc=$? $(since)"; grep "^\[bench\]\|^\[check\]" "$OUT/bench.log" | tail -4
 fi

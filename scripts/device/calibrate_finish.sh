@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
-# Device call 2 (and more if needed) of the SmolLM2-135M router calibrations (device_calibrate_start.sh):
+# Device call 2 (and more if needed) of the SmolLM2-135M router calibrations (calibrate_start.sh):
 # waits for the runs still going here; resumes (detached, mode of its last launch) a run that is
 # neither finished nor running: a fresh machine (carry its tar as .device-carry/calib_sNN.tar, see
-# device_calibrate_lib.sh) or a killed run. After DEADLINE_S (default 420) s with a run unfinished:
+# calibrate_lib.sh) or a killed run. After DEADLINE_S (default 420) s with a run unfinished:
 # checkpoints into $OUT as the start script does, exit 3 (call again). Once both finished: WikiText-2
 # perplexity (full set, 2,048-token windows) dense vs both routers, and into $OUT calib_final.tar
 # (final routers, training logs, eval, summary), calib_summary.md, wide_ppl.{json,md}.
 # Usage (repo root; carry .device-carry/evalwhl for the lm-eval cross-check):
-#   bash scripts/device_calibrate_finish.sh OUT [STEPS]
+#   bash scripts/device/calibrate_finish.sh OUT [STEPS]
 # Env: as the start script, plus EVAL_LIMIT (WikiText-2 documents), EVAL_BATCH, EVAL_MAXLEN, WIDE_EVAL_EXTRA.
 # Exit: 0 done, 3 deadline (runs unfinished), 4 model or data missing, 5 a run stopped unfinished, 6 eval failed.
 set -u
 T0=$(date +%s)
 OUT=${1:-/tmp/out}
 STEPS=${2:-${STEPS:-2000}}
-source scripts/device_calibrate_lib.sh
+source scripts/device/calibrate_lib.sh
 DEADLINE_S=${DEADLINE_S:-420}
 
 for s in $SPARSITIES; do restore "$s"; done

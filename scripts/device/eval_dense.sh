@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Dense SmolLM2-135M on the seven zero-shot tasks + WikiText-2 (full sets), the paper's protocol.
-# Usage (repo root): scripts/device_eval_dense.sh OUTDIR
+# Usage (repo root): scripts/device/eval_dense.sh OUTDIR
 # Needs: .device-carry/evalwhl/*.whl (lm-eval 0.4.13 and the pure-python deps the GPU image lacks),
 #        the GGUF at $WIDE_SMOLLM2_GGUF (default ~/.cache/wide/SmolLM2-135M-Instruct.Q4_1.gguf),
 #        the data at $WIDE_DATA (default shared/data in the repo root).
 # Overrides (env): DEVICE=cuda DTYPE=bfloat16 BATCH_SIZE=64 MAX_LENGTH=4096 LIMIT= TASKS=all
 #                  PYTHON=python3 EVAL_SITE=/tmp/evalsite (SKIP_WHEELS=1: use what is installed)
 set -euo pipefail
-out=${1:?usage: scripts/device_eval_dense.sh OUTDIR}
+out=${1:?usage: scripts/device/eval_dense.sh OUTDIR}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 mkdir -p "$out"
