@@ -174,7 +174,7 @@ def test_error_binary_that_decodes_as_utf8(tmp_path):
         load_texts(f)
     ok = tmp_path / "ok.txt"
     ok.write_text("caf\u00e9 na\u00efve \u4e2d\u6587\tcol\r\nline\f\n", encoding="utf-8")  # BOM-less UTF-8
-    assert load_texts(ok) == [ok.read_bytes().decode("utf-8")]  # \r\n kept as written
+    assert load_texts(ok) == [ok.read_text(encoding="utf-8")]  # newlines as read_text translates them
     bom = tmp_path / "bom.txt"
     bom.write_bytes(b"\xef\xbb\xbfhello")
     assert load_texts(bom) == ["hello"]

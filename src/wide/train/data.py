@@ -184,7 +184,7 @@ def _check_text(text: str, where: str) -> None:
 
 
 def _read_txt(path: Path, text_field: str) -> Iterator[str]:
-    text = _decode(path.read_bytes(), str(path))
+    text = _decode(path.read_bytes(), str(path)).replace("\r\n", "\n").replace("\r", "\n")  # as read_text()
     _check_text(text, str(path))
     if text.strip():
         yield text
