@@ -258,3 +258,148 @@ def test_bench_e2e_subset_options_parse_and_reject_bad_lists(capsys):
             build_parser().parse_args(["bench", "e2e", *bad])
         err = capsys.readouterr().err
         assert "expected a comma list" in err or "must lie in" in err
+
+
+# ------------------------------------------------------------------ issue 16: runs that are safe
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Fail loudly if a command gets as far as loading a model."""
+    import wide.model
+
+    def refuse(*a, **k):
+        raise AssertionError("the model was loaded before the bad input was found")
+
+    monkeypatch.setattr(wide.model, "load_model", refuse)
+
+
+def _routers(d):
+    from safetensors.torch import load_file
+
+    return load_file(str(d / "routers.safetensors"))
+
+
+def _log_steps(d):
+    return [json.loads(x) for x in (d / "train_log.jsonl").read_text().splitlines()]
+
+
+def test_same_command_twice_is_bit_identical(tiny_dir, text_file, tmp_path):
+    for name in ("a", "b"):
+        assert calibrate_tiny(tiny_dir, text_file, tmp_path / name, steps=3) == 0
+    assert calibrate_tiny(tiny_dir, text_file, tmp_path / "c", "--seed", 1, steps=3) == 0
+    a, b, c = (_routers(tmp_path / n) for n in "abc")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["loss"] for r in _log_steps(tmp_path / "a")] == [r["loss"] for r in _log_steps(tmp_path / "b")]
+    assert not all(torch.equal(a[k], c[k]) for k in a)  # the seed matters: the check above can fail
+
+
+def test_resume_refuses_changed_flags_before_loading(tiny_dir, text_file, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "run"
+    assert calibrate_tiny(tiny_dir, text_file, out, "--save-every", 2, "--log-every", 1, steps=4) == 0  # ckpt 2 stays
+    other = tmp_path / "other.txt"
+    other.write_text(text_file.read_text())
+    import wide.model
+
+    real_load = wide.model.load_model
+    monkeypatch.setattr(wide.model, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    capsys.readouterr()
+    for flag, value in (
+        ("--lr", 0.1),
+        ("--sparsity", 0.25),
+        ("--ffn-group-size", 32),
+        ("--seq-len", 16),
+        ("--router-rank", 4),
+        ("--seed", 5),
+    ):
+        assert calibrate_tiny(tiny_dir, text_file, out, "--save-every", 2, "--resume", flag, value, steps=4) == 2
+        err = capsys.readouterr().err
+        assert f"--resume: {flag} " in err and err.count("\n") == 1, err
+    assert calibrate_tiny(tiny_dir, text_file, out, "--save-every", 2, "--resume", "--data", other, steps=4) == 2
+    assert "--resume: --data " in capsys.readouterr().err
+    monkeypatch.setattr(wide.model, "load_model", real_load)
+    # checkpointing / logging flags may change; the log then holds every step exactly once (no 3, 4 twice)
+    assert calibrate_tiny(tiny_dir, text_file, out, "--save-every", 3, "--log-every", 1, "--resume", steps=4) == 0
+    assert [r["step"] for r in _log_steps(out)] == [1, 2, 3, 4]
+
+
+def test_foreign_out_dir_needs_overwrite_and_stays_intact(tiny_dir, text_file, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "project"
+    for name in ("checkpoint-500", "checkpoint-1000", "checkpoint-best"):
+        (out / name).mkdir(parents=True)
+        (out / name / "weights.bin").write_text(name)
+    (out / "train_log.jsonl").write_text('{"theirs": 1}\n')
+    import wide.model
+
+    real_load = wide.model.load_model
+    monkeypatch.setattr(wide.model, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    assert calibrate_tiny(tiny_dir, text_file, out, "--save-every", 1, steps=2) == 2
+    assert "is not a WIDE run" in capsys.readouterr().err
+    monkeypatch.setattr(wide.model, "load_model", real_load)
+    assert calibrate_tiny(tiny_dir, text_file, out, "--save-every", 1, "--log-every", 1, "--overwrite", steps=3) == 0
+    for name in ("checkpoint-500", "checkpoint-1000", "checkpoint-best"):
+        assert (out / name / "weights.bin").read_text() == name
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == [
+        "checkpoint-1000",
+        "checkpoint-2",
+        "checkpoint-500",
+        "checkpoint-best",
+    ]
+    assert [r["step"] for r in _log_steps(out)] == [1, 2, 3]
+
+
+def test_bad_input_fails_before_loading_and_leaves_no_dir(tiny_dir, text_file, tmp_path, capsys, no_model_load):
+    out = tmp_path / "run"
+    assert calibrate_tiny(tiny_dir, text_file, out, "--lr", -1) == 2
+    assert "lr must be a positive number" in capsys.readouterr().err and not out.exists()
+    assert cli("finetune", "--model", tiny_dir, "--routers", tmp_path, "--lora-dropout", 1.5, "--out", out) == 2
+    assert "--lora-dropout" in capsys.readouterr().err and not out.exists()
+
+
+def test_read_only_out_fails_before_loading(tiny_dir, text_file, tmp_path, capsys, monkeypatch, no_model_load):
+    import errno
+
+    import wide.train.calibrate as cal
+
+    def read_only(*a, **k):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(cal.tempfile, "TemporaryFile", read_only)
+    out = tmp_path / "ro" / "run"
+    assert calibrate_tiny(tiny_dir, text_file, out) == 2
+    assert "is not writable (Read-only file system)" in capsys.readouterr().err and not out.exists()
+
+
+def test_eval_rejects_broken_checkpoints_with_one_line(tiny_dir, text_file, tmp_path, capsys, monkeypatch):
+    import shutil
+
+    import wide.eval.runner
+
+    out = tmp_path / "run"
+    assert calibrate_tiny(tiny_dir, text_file, out, "--fit-mode", "none") == 0
+    monkeypatch.setattr(wide.eval.runner, "run_eval", lambda *a, **k: pytest.fail("evaluation started"))
+    truncated, bad_json = tmp_path / "truncated", tmp_path / "bad_json"
+    shutil.copytree(out, truncated)
+    data = (truncated / "routers.safetensors").read_bytes()
+    (truncated / "routers.safetensors").write_bytes(data[: len(data) // 2])
+    shutil.copytree(out, bad_json)
+    (bad_json / "wide_config.json").write_text('{"format": "wide-routers", ')
+    capsys.readouterr()
+    for ckpt, name in ((truncated, "routers.safetensors"), (bad_json, "wide_config.json")):
+        assert cli("eval", "--model", tiny_dir, "--routers", ckpt, "--tasks", "wikitext") == 2
+        err = capsys.readouterr().err
+        assert str(ckpt / name) in err and err.count("\n") == 1, err
+    # the same files through the library loader and --resume's router file
+    from transformers import AutoModelForCausalLM
+
+    from wide.model import CheckpointMismatchError, load_routers
+
+    with pytest.raises(CheckpointMismatchError, match="routers.safetensors is truncated"):
+        load_routers(AutoModelForCausalLM.from_pretrained(tiny_dir), truncated, strict_base=False)
+
+
+def test_eval_and_finetune_accept_no_strict_base():
+    from wide.cli import build_parser
+
+    a = build_parser().parse_args(["eval", "--routers", "r", "--no-strict-base"])
+    assert a.no_strict_base
+    a = build_parser().parse_args(["finetune", "--routers", "r", "--out", "o", "--no-strict-base"])
+    assert a.no_strict_base
