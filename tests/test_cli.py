@@ -403,3 +403,77 @@ def test_eval_and_finetune_accept_no_strict_base():
     assert a.no_strict_base
     a = build_parser().parse_args(["finetune", "--routers", "r", "--out", "o", "--no-strict-base"])
     assert a.no_strict_base
+
+
+def _fake_gguf(path, arch: str) -> None:
+    """A GGUF header only (no tensors): general.name, then general.architecture."""
+    import struct
+
+    def kv(key: bytes, value: bytes) -> bytes:
+        return struct.pack("<Q", len(key)) + key + struct.pack("<IQ", 8, len(value)) + value
+
+    path.write_bytes(
+        b"GGUF"
+        + struct.pack("<IQQ", 3, 0, 2)
+        + kv(b"general.name", b"fake")
+        + kv(b"general.architecture", arch.encode())
+    )
+
+
+def test_unsupported_gguf_gets_the_wide_error_before_loading(tmp_path, capsys):
+    f = tmp_path / "m.gguf"
+    _fake_gguf(f, "gpt2")
+    want = "unsupported architecture 'gpt2': WIDE routes llama, mistral, qwen2, qwen3 models"
+    assert cli("calibrate", "--model", f, "--data", tmp_path, "--steps", 1, "--out", tmp_path / "o") == 2
+    err = capsys.readouterr().err
+    assert want in err and str(f) in err and not (tmp_path / "o").exists()
+    assert cli("generate", "--model", f) == 2
+    assert want in capsys.readouterr().err
+    (tmp_path / "not.gguf").write_bytes(b"PK\x03\x04 a zip file")
+    assert cli("generate", "--model", tmp_path / "not.gguf") == 2
+    assert "is not a GGUF file" in capsys.readouterr().err
+
+
+def test_any_gguf_path_or_directory_resolves(tmp_path):
+    from wide.model import smollm2_gguf_path
+    from wide.model.loading import resolve_source
+
+    link = tmp_path / "models" / "my-model.gguf"
+    link.parent.mkdir()
+    link.symlink_to(smollm2_gguf_path())
+    assert resolve_source(str(link)) == (str(link.parent), {"gguf_file": "my-model.gguf"})
+    assert resolve_source(str(link.parent)) == (str(link.parent), {"gguf_file": "my-model.gguf"})
+    with pytest.raises(FileNotFoundError, match="no such GGUF file"):
+        resolve_source(str(tmp_path / "absent.gguf"))
+
+
+@pytest.mark.slow
+def test_gguf_path_loads_and_routes(tmp_path):
+    from wide.config import WideConfig
+    from wide.model import WideModel, load_model, smollm2_gguf_path
+
+    link = tmp_path / "other-name.gguf"
+    link.symlink_to(smollm2_gguf_path())
+    model, tok = load_model(str(link))
+    assert model.config.model_type == "llama" and model.config.wide_model_id == str(link)
+    wm = WideModel(model, WideConfig(ffn_group_size=64))
+    with torch.no_grad():
+        assert torch.isfinite(wm(tok("Hello", return_tensors="pt").input_ids).logits).all()
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])
+def test_local_directory_of_each_family_loads(tiny_dir, tmp_path, family):
+    from transformers import AutoTokenizer
+
+    from wide.config import WideConfig
+    from wide.model import WideModel, load_model
+
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    d = tmp_path / family
+    tiny_model(family, vocab=len(tok)).save_pretrained(d)
+    tok.save_pretrained(d)
+    model, tok = load_model(str(d))
+    assert model.config.model_type == family
+    wm = WideModel(model, WideConfig(ffn_group_size=16, router_rank=8))
+    with torch.no_grad():
+        assert torch.isfinite(wm(tok("one two three", return_tensors="pt").input_ids).logits).all()

@@ -132,6 +132,8 @@ def resolve_source(name: str) -> tuple[str, dict]:
                 raise ValueError(f"{cfg}: not a valid model config ({e})") from None
             check_family(model_type, path)
             return str(path), {}
+    elif path.is_file():
+        raise ValueError(f"--model {name}: a model file must be a .gguf; otherwise pass a Hugging Face model directory")
     elif name.startswith((".", "/", "~")) or name.count("/") > 1:
         raise FileNotFoundError(f"--model {name}: no such file or directory")
     if gguf is not None:
