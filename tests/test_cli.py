@@ -477,3 +477,22 @@ def test_local_directory_of_each_family_loads(tiny_dir, tmp_path, family):
     wm = WideModel(model, WideConfig(ffn_group_size=16, router_rank=8))
     with torch.no_grad():
         assert torch.isfinite(wm(tok("one two three", return_tensors="pt").input_ids).logits).all()
+
+
+def test_finetune_reproduces_and_resume_refuses_changed_lora(tiny_dir, text_file, tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    s1 = tmp_path / "s1"
+    assert calibrate_tiny(tiny_dir, text_file, s1) == 0
+
+    def finetune(out, *extra):
+        args = ("--data", text_file, "--steps", 2, "--seq-len", 32, "--batch-size", 2, "--save-every", 1)
+        return cli("finetune", "--model", tiny_dir, "--routers", s1, "--lora-r", 4, *args, "--out", out, *extra)
+
+    assert finetune(tmp_path / "a") == 0 and finetune(tmp_path / "b") == 0
+    for name in ("routers.safetensors", "adapter_model.safetensors"):
+        a, b = load_file(str(tmp_path / "a" / name)), load_file(str(tmp_path / "b" / name))
+        assert all(torch.equal(a[k], b[k]) for k in a), name  # LoRA's initialisation is seeded too
+    capsys.readouterr()
+    assert finetune(tmp_path / "a", "--resume", "--lora-r", 8) == 2
+    assert "--resume: --lora-r 8 differs from 4" in capsys.readouterr().err
