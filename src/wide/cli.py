@@ -37,10 +37,9 @@ def _dtype(name: str, device: torch.device) -> torch.dtype:
     }[name]
 
 
-def _training_data(a: argparse.Namespace, tok, seq_len: int, mode: str = "packed"):
-    """(dataset, source) from --data, defaulting to the RedPajama sample under the data root."""
+def _data_source(a: argparse.Namespace) -> tuple[str, Path | None]:
+    """(--data, data root): --data defaults to the RedPajama sample under the data root."""
     from wide.paths import data_dir, find_data_dir
-    from wide.train.data import load_calibration_data
 
     # --data alone: relative paths still resolve under a data root if one is found (train.data does that)
     root = data_dir(a.data_dir) if a.data_dir else (None if a.data else find_data_dir())
@@ -49,7 +48,14 @@ def _training_data(a: argparse.Namespace, tok, seq_len: int, mode: str = "packed
             "no training text: pass --data (a .txt/.jsonl/.json/.parquet file, a folder, or a Hugging Face dataset "
             "name when online), or --data-dir / WIDE_DATA for the RedPajama sample of a data folder"
         )
-    data = a.data or str(root / "redpajama" / "sample_redpajama")
+    return a.data or str(root / "redpajama" / "sample_redpajama"), root
+
+
+def _training_data(a: argparse.Namespace, tok, seq_len: int, mode: str = "packed"):
+    """(dataset, source) from --data, defaulting to the RedPajama sample under the data root."""
+    from wide.train.data import load_calibration_data
+
+    data, root = _data_source(a)
     ds = load_calibration_data(data, tok, seq_len=seq_len, mode=mode, data_root=root)
     print(f"training data: {len(ds)} sequences x {seq_len} tokens from {data}", file=sys.stderr)
     return ds, data
@@ -82,8 +88,8 @@ def _print_summary(summary: dict) -> None:
 # ----------------------------------------------------------------------- calibrate
 def cmd_calibrate(a: argparse.Namespace) -> int:
     from wide.config import WideConfig
-    from wide.model import WideModel, load_model
-    from wide.train.calibrate import calibrate
+    from wide.model import load_model, resolve_model_id
+    from wide.train.calibrate import calibrate, check_out_dir, seeded_wide_model
 
     device = _train_device(a.device)
     cfg = WideConfig(
@@ -100,12 +106,16 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
         module_skipping=a.module_skipping,
         seed=a.seed,
     )
-    tc = _train_config(a, data_mode=a.data_mode, fit_mode=a.fit_mode, compile=a.compile)
+    model_id = resolve_model_id(a.model)
+    extra = {"model": model_id, "data": _data_source(a)[0]}  # compared on --resume
+    tc = _train_config(a, data_mode=a.data_mode, fit_mode=a.fit_mode, compile=a.compile, extra=extra)
+    # --out / --resume problems surface before the model and the data load; nothing is written yet
+    check_out_dir(a.out, tc, resume=a.resume, overwrite=a.overwrite, config=cfg, base_model=model_id)
     # Weights stay in the model dtype (bf16 on GPU); the routers are fp32 and autocast handles the rest.
     model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=device)
-    wm = WideModel(model, cfg)  # unsupported architectures and bad group sizes fail here, before data
+    wm = seeded_wide_model(model, cfg)  # routers from --seed; bad group sizes fail here, before data
     ds, data = _training_data(a, tok, a.seq_len, a.data_mode)
-    summary = calibrate(wm, ds, tc, a.out, resume=a.resume)
+    summary = calibrate(wm, ds, tc, a.out, resume=a.resume, overwrite=a.overwrite)
     summary["data"] = str(data)
     _print_summary(summary)
     return 0
@@ -113,16 +123,26 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------ finetune
 def cmd_finetune(a: argparse.Namespace) -> int:
-    from wide.model import load_model, load_routers
-    from wide.train.calibrate import calibrate
-    from wide.train.lora import apply_lora
+    from wide.config import WideConfig
+    from wide.model import load_model, load_routers, resolve_model_id
+    from wide.model.checkpoint import check_checkpoint
+    from wide.train.calibrate import calibrate, check_out_dir, seed_everything
+    from wide.train.lora import apply_lora, check_lora_args
 
     device = _train_device(a.device)
+    check_lora_args(a.lora_r, a.lora_alpha, a.lora_dropout)
+    cfg = WideConfig.from_dict(check_checkpoint(a.routers)["config"])
+    model_id = resolve_model_id(a.model)
+    extra = {"model": model_id, "data": _data_source(a)[0], "routers": str(a.routers)}
+    extra.update(lora_r=a.lora_r, lora_alpha=a.lora_alpha, lora_dropout=a.lora_dropout)
+    tc = _train_config(a, extra=extra)
+    check_out_dir(a.out, tc, resume=a.resume, overwrite=a.overwrite, config=cfg, base_model=model_id)
     model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=device)
+    seed_everything(a.seed)  # LoRA's initialisation draws from the global generator
     adapter = apply_lora(model, r=a.lora_r, alpha=a.lora_alpha, dropout=a.lora_dropout)
-    wm = load_routers(model, a.routers)  # hooks go on the LoRA-wrapped modules
+    wm = load_routers(model, a.routers, strict_base=not a.no_strict_base)  # hooks on the LoRA-wrapped modules
     ds, data = _training_data(a, tok, a.seq_len)
-    summary = calibrate(wm, ds, _train_config(a), a.out, resume=a.resume, adapter=adapter)
+    summary = calibrate(wm, ds, tc, a.out, resume=a.resume, overwrite=a.overwrite, adapter=adapter)
     summary["data"], summary["stage1_routers"] = str(data), str(a.routers)
     _print_summary(summary)
     return 0
@@ -131,7 +151,10 @@ def cmd_finetune(a: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- eval
 def cmd_eval(a: argparse.Namespace) -> int:
     from wide.eval.runner import run_eval
+    from wide.model.checkpoint import check_checkpoint
 
+    for r in a.routers or []:  # a broken checkpoint fails here, not after the dense row was evaluated
+        check_checkpoint(r)
     device = _device(a.device)
     res = run_eval(
         a.model,
@@ -147,6 +170,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
         dense=not a.no_dense,
         check_wikitext=not a.no_lm_eval_check,
         runtime=a.runtime,
+        strict_base=not a.no_strict_base,
     )
     if not a.out:
         print(json.dumps(res, indent=1, default=str))
@@ -313,6 +337,12 @@ def _csv(cast, lo, hi):
     return parse
 
 
+_OVERWRITE_HELP = (
+    "start a new run in a non-empty --out (WIDE writes its own files there; an earlier WIDE run's are replaced)"
+)
+_NO_STRICT_HELP = "load routers calibrated on another base model of the same dimensions"
+
+
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Appends "(default: X)" to every flag's help, except where there is no default (None / off)."""
 
@@ -352,7 +382,7 @@ def _add_training_args(p: argparse.ArgumentParser, *, lr: float) -> None:
     p.add_argument("--lr", type=float, default=lr, help="peak AdamW learning rate (10%% warm-up, cosine decay)")
     p.add_argument("--save-every", type=int, default=200, help="write a resumable checkpoint every N steps")
     p.add_argument("--log-every", type=int, default=10, help="append to train_log.jsonl every N steps")
-    p.add_argument("--seed", type=int, default=0, help="seed for routers, data order and Gumbel noise")
+    p.add_argument("--seed", type=int, default=0, help="router / LoRA initialisation, data order, Gumbel noise")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -406,6 +436,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--device", help=DEVICE_HELP)
     c.add_argument("--out", required=True, help="output directory (checkpoints, log, final routers)")
     c.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    c.add_argument("--overwrite", action="store_true", help=_OVERWRITE_HELP)
     c.set_defaults(func=cmd_calibrate)
 
     f = sub.add_parser(
@@ -423,6 +454,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--device", help=DEVICE_HELP)
     f.add_argument("--out", required=True, help="output: routers + LoRA adapter (peft format)")
     f.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    f.add_argument("--overwrite", action="store_true", help=_OVERWRITE_HELP)
+    f.add_argument("--no-strict-base", action="store_true", help=_NO_STRICT_HELP)
     f.set_defaults(func=cmd_finetune)
 
     e = sub.add_parser(
@@ -459,6 +492,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="skip re-running WikiText-2 through lm-eval itself to confirm the native number",
     )
+    e.add_argument("--no-strict-base", action="store_true", help=_NO_STRICT_HELP)
     e.set_defaults(func=cmd_eval)
 
     d = sub.add_parser(

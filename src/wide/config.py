@@ -72,6 +72,8 @@ class WideConfig:
         "residual" on the residual stream (as the authors' code does).
     module_skipping: the SkipGPT-style baseline — one decision per token for the whole attention
         block and one for the whole FFN (group sizes are then ignored).
+    seed: the routers' initialisation (`wide.train.calibrate.seeded_wide_model`; `wide calibrate
+        --seed` sets it and the data order / Gumbel noise seed alike): equal seeds, equal routers.
     """
 
     attn_group_size: int | None = None
