@@ -185,8 +185,8 @@ def run_eval(
     out: path prefix; writes out.json and out.md (a directory gets results.json / results.md)."""
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from wide.baselines import load as load_method
     from wide.eval.lm_eval_model import WideLM, default_device, load_routed, parse_dtype
-    from wide.model import WideModel
 
     zs, wikitext = _eval_tasks(tasks)
     _check_data(zs, wikitext, data_dir)
@@ -274,12 +274,13 @@ def run_eval(
             m.config.wide_model_id = getattr(base.config, "wide_model_id", None)
         else:
             m = base
-        wm = WideModel.from_pretrained(m, r, strict_base=strict_base).eval()
+        wm = load_method(m, r, strict_base=strict_base).eval()  # any method of wide.baselines
         try:
             row = evaluate(make_lm(m, wm, routers=r), wm)
         finally:
             wm.detach()
         row["config"] = wm.config.to_dict()
+        row["method"] = wm.config.method
         row["base_model"] = wm.base_model_id
         row["load_seconds"] = time.time() - t0 - row.get("tasks_seconds", 0) - row.get("wikitext_seconds", 0)
         rows[r] = row
