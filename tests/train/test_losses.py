@@ -163,3 +163,11 @@ def test_calibration_runs_with_distillation_and_flops_target(tmp_path, distill):
     assert all(math.isfinite(r["loss"]) and math.isfinite(r["lm_loss"]) for r in logs)
     saved = json.loads((tmp_path / "wide_config.json").read_text())["config"]
     assert saved["distill"] == distill and saved["sparsity_kind"] == "flops"
+
+
+def test_unreachable_flops_target_is_a_clear_error():
+    wm = WideModel(
+        tiny_model("llama"), WideConfig(ffn_group_size=16, router_rank=8, sparsity=0.9, sparsity_kind="flops")
+    )
+    with pytest.raises(ValueError, match="cannot be removed by this routing"):
+        model_flop_weights(wm, 16)

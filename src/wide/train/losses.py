@@ -130,7 +130,15 @@ def model_flop_weights(wm, seq_len: int) -> FlopWeights:
     """FlopWeights of a routed model: its meter's FlopModel, one router per layer for layer skipping."""
     f = wm.meter.flops
     one = 2 * (f.dims.hidden * f.router_rank + f.router_rank * 2 * f.shape.attn_groups)
-    return flop_weights(f, seq_len, one if wm.config.method == "layer-skip" else None)
+    w = flop_weights(f, seq_len, one if wm.config.method == "layer-skip" else None)
+    n = f.dims.n_layers
+    most = float(w.removed(torch.ones(n), torch.ones(n)))
+    if wm.config.sparsity_kind == "flops" and wm.config.sparsity > most:
+        raise ValueError(
+            f"--sparsity {wm.config.sparsity} of the FLOPs cannot be removed by this routing: at most {most:.3f} "
+            "(K/V projections, lm_head and the routers stay)"
+        )
+    return w
 
 
 def routing_sparsity_loss(
