@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from tests.conftest import tiny_model
 from wide.baselines import METHODS, TRAINING_FREE, build, method_of
@@ -105,3 +106,29 @@ def data_root():
     if not (root / "wikitext" / "wiki.test.raw").is_file():
         pytest.skip(f"{root} lacks the eval data")
     return root
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["static-width", "layer-skip"])
+def test_lora_recovery_of_baselines(tiny_dir, corpus, tmp_path, method):
+    """`wide finetune` trains LoRA on a baseline's checkpoint; static masks stay exactly as fitted."""
+    from wide.baselines import load
+    from wide.cli import main
+    from wide.model import load_model
+
+    s1, s2 = tmp_path / "s1", tmp_path / "s2"
+    assert _calibrate(tiny_dir, corpus, s1, "--method", method, "--sparsity", 0.5) == 0
+    args = ["finetune", "--model", tiny_dir, "--data", corpus, "--steps", 2, "--seq-len", 32, "--batch-size", 2]
+    args += ["--routers", s1, "--lora-r", 4, "--out", s2, "--device", "cpu"]
+    assert main([str(a) for a in args]) == 0
+    meta = json.loads((s2 / "wide_config.json").read_text())
+    assert meta["training"]["stage"] == "lora" and meta["config"]["method"] == method
+    before = load(load_model(str(tiny_dir))[0], s1)
+    after = load(load_model(str(tiny_dir))[0], s2)
+    assert type(before) is type(after)
+    if method == "static-width":
+        x = torch.randn(5, 64)
+        for r1, r2 in zip(before.routers, after.routers):
+            for kind in ("attn", "ffn"):
+                m1 = getattr(r1, kind).skip_margin(x) > 0
+                assert torch.equal(m1, getattr(r2, kind).skip_margin(x) > 0)
