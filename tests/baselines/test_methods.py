@@ -132,3 +132,26 @@ def test_lora_recovery_of_baselines(tiny_dir, corpus, tmp_path, method):
             for kind in ("attn", "ffn"):
                 m1 = getattr(r1, kind).skip_margin(x) > 0
                 assert torch.equal(m1, getattr(r2, kind).skip_margin(x) > 0)
+
+
+@pytest.mark.slow
+def test_module_skip_calibration_reaches_target(tmp_path):
+    from tests.train.test_calibrate import _dataset
+    from wide.baselines import load
+    from wide.train.calibrate import TrainConfig, calibrate
+
+    torch.manual_seed(0)
+    ds = _dataset(n=64, seq=32)
+    wm = build(tiny_model("llama"), WideConfig(router_rank=8, method="module-skip", sparsity=0.4))
+    tc = TrainConfig(steps=30, batch_size=8, seq_len=32, lr=2e-2, log_every=10, save_every=1000, fit_batches=4)
+    calibrate(wm, ds, tc, tmp_path, progress=False)
+    wm.detach()
+    wm2 = load(tiny_model("llama"), tmp_path)
+    assert wm2.config.method == "module-skip" and wm2.shape.ffn_groups == 1
+    wm2.start_meter()
+    with torch.no_grad():
+        for i in range(0, 64, 16):
+            b = ds.batch(list(range(i, i + 16)))
+            wm2(b["input_ids"], attention_mask=b["attention_mask"])
+    s = wm2.stop_meter()
+    assert abs(0.5 * (s["attn_sparsity"] + s["ffn_sparsity"]) - 0.4) < 0.05, s
