@@ -234,7 +234,9 @@ def grid(a: argparse.Namespace) -> list[RunSpec]:
         if m == "dense":
             specs.append(RunSpec("dense"))
             continue
-        for t in (float(x) for x in a.targets.split(",")):
+        # group sizes matter to the methods with FFN channel groups only
+        sizes = a.ffn_group_size if m in ("wide", "static-width") else a.ffn_group_size[:1]
+        for t, g in ((float(x), g) for x in a.targets.split(",") for g in sizes):
             for lora in [0] + ([a.lora_steps] if a.lora_steps and m != "teal" else []):
                 specs.append(
                     RunSpec(
@@ -244,7 +246,9 @@ def grid(a: argparse.Namespace) -> list[RunSpec]:
                         distill=a.distill if m not in TRAINING_FREE else "none",
                         steps=a.steps,
                         lora_steps=lora,
-                        ffn_group_size=a.ffn_group_size,
+                        ffn_group_size=g,
+                        attn_target=t if a.uniform and m != "teal" else None,
+                        ffn_target=t if a.uniform and m != "teal" else None,
                     )
                 )
     return specs
@@ -302,6 +306,10 @@ def tiny_setup(a: argparse.Namespace, work: Path) -> list[RunSpec]:
     ]
 
 
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="JSON file of records (appended to, resumable)")
@@ -313,7 +321,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--distill", choices=["none", "kl", "kl+lm"], default="none")
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--lora-steps", type=int, default=0, help="also a LoRA-recovered row per trained run")
-    p.add_argument("--ffn-group-size", type=int, default=128)
+    p.add_argument("--ffn-group-size", type=_ints, default=[128], help="comma list: one row per size (wide, static)")
+    p.add_argument(
+        "--uniform", action="store_true", help="separate attention / FFN targets equal to the target (eq. 22)"
+    )
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--data")
     p.add_argument("--data-dir")

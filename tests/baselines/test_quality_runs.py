@@ -48,6 +48,11 @@ def test_run_names_and_grid():
         "teal-groups0.25",
         "teal-groups0.5",
     ]
+    a = qr.parse_args(["--out", "x", "--methods", "wide,layer-skip", "--targets", "0.5", "--ffn-group-size", "32,64"])
+    want = ["wide-groups0.5-s2000-g32", "wide-groups0.5-s2000-g64", "layer-skip-groups0.5-s2000"]
+    assert [s.key for s in qr.grid(a)] == want
+    a = qr.parse_args(["--out", "x", "--methods", "wide", "--targets", "0.5", "--uniform"])
+    assert [s.key for s in qr.grid(a)] == ["wide-groups0.5a0.5f-s2000-g128"]
 
 
 def test_spec_file_and_record(tmp_path):

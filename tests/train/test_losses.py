@@ -171,3 +171,21 @@ def test_unreachable_flops_target_is_a_clear_error():
     )
     with pytest.raises(ValueError, match="cannot be removed by this routing"):
         model_flop_weights(wm, 16)
+
+
+def test_stage2_teacher_is_the_base_model_without_lora():
+    from wide.train.lora import apply_lora
+
+    model = tiny_model("llama")
+    ids, am, _ = _batch()
+    with torch.no_grad():
+        base = model.model(input_ids=ids, attention_mask=am).last_hidden_state
+    adapter = apply_lora(model, r=4, alpha=8, dropout=0.0)
+    for n, p in model.named_parameters():  # non-zero adapters: their path changes the output
+        if "lora_B" in n:
+            torch.nn.init.normal_(p, std=0.05)
+    wm = WideModel(model, WideConfig(ffn_group_size=16, router_rank=8, distill="kl"))
+    torch.testing.assert_close(teacher_hidden(wm, ids, am, adapter), base)
+    with wm.routing("dense"), torch.no_grad():
+        with_lora = wm.hidden_states(ids, attention_mask=am)
+    assert not torch.allclose(with_lora, base)  # the adapter is back on after the teacher forward

@@ -94,8 +94,8 @@ def group_scores(wm: WideModel, batches: list[dict], device: torch.device) -> tu
     def hook(kind: str, i: int):
         def pre(module: nn.Module, args: tuple) -> None:
             x = args[0].detach()  # [B, T, C]
-            m = state["mask"].to(x.device, torch.float64)  # [B, T]
-            sums[kind][i] += torch.einsum("btc,bt->c", x.abs().double(), m)
+            m = state["mask"].to(x.device, torch.float32)  # [B, T]
+            sums[kind][i] += torch.einsum("btc,bt->c", x.abs().float(), m).double()  # fp32 per batch, fp64 total
 
         return pre
 
