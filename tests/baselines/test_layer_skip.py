@@ -74,8 +74,8 @@ def test_gumbel_masks_tied_with_gradient_to_the_attention_router():
     a, f = wm.skip_rates()
     torch.testing.assert_close(a, f)
     (out.square().mean() + a.sum()).backward()
-    assert wm.routers[0].attn.up.weight.grad.abs().sum() > 0
-    assert wm.routers[0].ffn.up.weight.grad is None  # the FFN routers take no part
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in wm.routers[0].attn.parameters())
+    assert all(p.grad is None for p in wm.routers[0].ffn.parameters())  # the FFN routers take no part
 
 
 def test_meter_counts_the_layer_and_one_router():
@@ -97,7 +97,7 @@ def test_meter_counts_the_layer_and_one_router():
         dense += float((f.attn_dense_linear + attn + f.ffn).sum()) * 2
         saved += float((skip[layer] * (attn + f.ffn)).sum())
     dense += f.lm_head * 16
-    saved -= 2 * (64 * 8 + 8 * 2) * 2 * 16  # one router per layer, 2 layers, 16 tokens
+    saved -= f.routers_per_layer / 2 * 2 * 16  # one router per layer, 2 layers, 16 tokens
     assert s["flop_saving"] == pytest.approx(saved / dense)
 
 

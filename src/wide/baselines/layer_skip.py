@@ -33,7 +33,7 @@ class TiedMeter(SparsityMeter):
         super().record(layer, "ffn", exec_mask)
         if layer == 0:  # give back the FFN routers' cost charged by the base class
             f = self.flops
-            ffn_router = 2 * (f.dims.hidden * f.router_rank + f.router_rank * 2 * f.shape.ffn_groups)
+            ffn_router = f.routers_per_layer / 2  # both routers of a layer have one group: equal cost
             b, t = exec_mask.shape[:2]
             tm = self.token_mask
             n = float(tm.sum()) if tm is not None and tm.shape == (b, t) else float(b * t)

@@ -129,8 +129,8 @@ def flop_weights(flops: FlopModel, seq_len: int, routers_per_layer: int | None =
 def model_flop_weights(wm, seq_len: int) -> FlopWeights:
     """FlopWeights of a routed model: its meter's FlopModel, one router per layer for layer skipping."""
     f = wm.meter.flops
-    one = 2 * (f.dims.hidden * f.router_rank + f.router_rank * 2 * f.shape.attn_groups)
-    w = flop_weights(f, seq_len, one if wm.config.method == "layer-skip" else None)
+    # layer skipping: both routers of a layer have one group (equal cost) and only one of them counts
+    w = flop_weights(f, seq_len, f.routers_per_layer // 2 if wm.config.method == "layer-skip" else None)
     n = f.dims.n_layers
     most = float(w.removed(torch.ones(n), torch.ones(n)))
     if wm.config.sparsity_kind == "flops" and wm.config.sparsity > most:
