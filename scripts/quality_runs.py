@@ -48,6 +48,9 @@ class RunSpec:
     ffn_target: float | None = None
     name: str | None = None
     extra_args: list[str] = field(default_factory=list)  # more `wide calibrate` flags, verbatim
+    # the name of a finished record whose measured flops_removed becomes this run's target (FLOP kind):
+    # a baseline at equal FLOPs removed
+    match_flops: str | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -56,6 +59,8 @@ class RunSpec:
             raise ValueError(f"{self.method}: set both attn_target and ffn_target, or neither")
         if self.method == "teal" and self.lora_steps:
             raise ValueError("teal: LoRA recovery is not implemented (no routers to train)")
+        if self.match_flops and (self.method == "dense" or self.attn_target is not None):
+            raise ValueError(f"{self.method}: match_flops needs a method with the shared target")
 
     @property
     def key(self) -> str:
@@ -64,7 +69,7 @@ class RunSpec:
         if self.method == "dense":
             return "dense"
         t = f"{self.attn_target:g}a{self.ffn_target:g}f" if self.attn_target is not None else f"{self.target:g}"
-        parts = [self.method, f"{self.sparsity_kind}{t}"]
+        parts = [self.method, f"flopsof[{self.match_flops}]" if self.match_flops else f"{self.sparsity_kind}{t}"]
         if self.method != "static-width" and self.method != "teal":
             parts.append(f"s{self.steps}")
         if self.method not in ("module-skip", "layer-skip", "teal"):
@@ -212,7 +217,13 @@ def make_record(spec: RunSpec, row: dict, stages: list[tuple[dict, str, float]],
     }
 
 
-def run_one(spec: RunSpec, a: argparse.Namespace, work: Path) -> dict:
+def run_one(spec: RunSpec, a: argparse.Namespace, work: Path, records: list[dict]) -> dict:
+    matched = None
+    if spec.match_flops:
+        matched = next((r for r in records if r["name"] == spec.match_flops and r.get("status") == "done"), None)
+        if matched is None:
+            raise SystemExit(f"{spec.key}: no finished record {spec.match_flops!r} to match (run it first)")
+        spec = dataclasses.replace(spec, target=round(matched["flops_removed"], 4), sparsity_kind="flops")
     if spec.method == "dense":
         row, eval_s = evaluate(a, None)
         return make_record(spec, row, [], eval_s, None)
@@ -224,7 +235,9 @@ def run_one(spec: RunSpec, a: argparse.Namespace, work: Path) -> dict:
         ckpt = work / spec.key / "lora"
         stages.append(run_stage(ckpt, finetune_args(spec, a, stage1, ckpt), True))
     row, eval_s = evaluate(a, ckpt)
-    return make_record(spec, row, stages, eval_s, ckpt)
+    rec = make_record(spec, row, stages, eval_s, ckpt)
+    rec["match_flops"] = spec.match_flops
+    return rec
 
 
 # ----------------------------------------------------------------------------------------- specs
@@ -238,9 +251,15 @@ def grid(a: argparse.Namespace) -> list[RunSpec]:
         sizes = a.ffn_group_size if m in ("wide", "static-width") else a.ffn_group_size[:1]
         for t, g in ((float(x), g) for x in a.targets.split(",") for g in sizes):
             for lora in [0] + ([a.lora_steps] if a.lora_steps and m != "teal" else []):
+                match = None
+                if a.match_flops and m in TRAINING_FREE:  # at the FLOPs the WIDE row of this target removed
+                    match = RunSpec("wide", target=t, sparsity_kind=a.sparsity_kind, distill=a.distill, steps=a.steps)
+                    match.ffn_group_size = g
+                    match = match.key
                 specs.append(
                     RunSpec(
                         m,
+                        match_flops=match,
                         target=t,
                         sparsity_kind=a.sparsity_kind,
                         distill=a.distill if m not in TRAINING_FREE else "none",
@@ -303,6 +322,7 @@ def tiny_setup(a: argparse.Namespace, work: Path) -> list[RunSpec]:
         # the tiny model is mostly lm_head (SmolLM2's vocabulary): a FLOP target of 1% is what routing can reach
         RunSpec("wide", sparsity_kind="flops", distill="kl+lm", **{**common, "target": 0.01}),
         RunSpec("wide", lora_steps=2, **common),
+        RunSpec("static-width", match_flops="wide-groups0.5-s2-g16", ffn_group_size=16),
     ]
 
 
@@ -322,6 +342,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--lora-steps", type=int, default=0, help="also a LoRA-recovered row per trained run")
     p.add_argument("--ffn-group-size", type=_ints, default=[128], help="comma list: one row per size (wide, static)")
+    p.add_argument(
+        "--match-flops",
+        action="store_true",
+        help="static-width / teal rows at the FLOPs removed measured for the WIDE row of the same target",
+    )
     p.add_argument(
         "--uniform", action="store_true", help="separate attention / FFN targets equal to the target (eq. 22)"
     )
@@ -372,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[skip] {spec.key}: finished in {out}", file=sys.stderr)
             continue
         print(f"[run] {spec.key}", file=sys.stderr)
-        rec = run_one(spec, a, work)
+        rec = run_one(spec, a, work, read_records(out))
         records = [r for r in read_records(out) if r.get("name") != spec.key] + [rec]
         write_records(out, records, settings)
         print(

@@ -51,6 +51,9 @@ def test_run_names_and_grid():
     a = qr.parse_args(["--out", "x", "--methods", "wide,layer-skip", "--targets", "0.5", "--ffn-group-size", "32,64"])
     want = ["wide-groups0.5-s2000-g32", "wide-groups0.5-s2000-g64", "layer-skip-groups0.5-s2000"]
     assert [s.key for s in qr.grid(a)] == want
+    a = qr.parse_args(["--out", "x", "--methods", "wide,teal", "--targets", "0.5", "--match-flops"])
+    want = ["wide-groups0.5-s2000-g128", "teal-flopsof[wide-groups0.5-s2000-g128]"]
+    assert [s.key for s in qr.grid(a)] == want
     a = qr.parse_args(["--out", "x", "--methods", "wide", "--targets", "0.5", "--uniform"])
     assert [s.key for s in qr.grid(a)] == ["wide-groups0.5a0.5f-s2000-g128"]
 
@@ -109,14 +112,19 @@ def test_tiny_mode_end_to_end_and_resume(tmp_path, capsys):
     assert qr.main(["--tiny", "--out", str(out), "--work", str(tmp_path / "w")]) == 0
     recs = json.loads(out.read_text())["records"]
     methods = [r["method"] for r in recs]
-    assert methods == ["dense", "wide", "module-skip", "layer-skip", "static-width", "teal", "wide", "wide"]
+    want = ["dense", "wide", "module-skip", "layer-skip", "static-width", "teal", "wide", "wide", "static-width"]
+    assert methods == want
     for r in recs:
         assert r["status"] == "done" and r["wikitext_word_ppl"] > 1 and "arc_easy" in r["tasks"]
         if r["method"] != "dense":
             assert -0.05 < r["flops_removed"] < 1 and r["tokens"] > 0 and r["commands"]
         if r["sparsity_kind"] == "groups" and r["method"] != "dense":  # targets of 50% of the groups
             assert r["flops_removed"] > 0 and r["real_sparsity"]["overall"] > 0.2, r
-    assert recs[-1]["lora_steps"] == 2 and len(recs[-1]["commands"]) == 2
+    assert recs[-2]["lora_steps"] == 2 and len(recs[-2]["commands"]) == 2
+    matched = recs[-1]  # static width at the FLOPs the WIDE row removed
+    assert matched["match_flops"] == recs[1]["name"] and matched["sparsity_kind"] == "flops"
+    assert matched["target"] == pytest.approx(recs[1]["flops_removed"], abs=1e-4)
+    assert abs(matched["flops_removed"] - recs[1]["flops_removed"]) < 0.01
     capsys.readouterr()
     assert qr.main(["--tiny", "--out", str(out), "--work", str(tmp_path / "w")]) == 0  # everything finished
     assert capsys.readouterr().err.count("[skip]") == len(recs)
