@@ -59,6 +59,7 @@ def load(model: nn.Module, ckpt_dir: str | Path, *, strict_base: bool = True):
     if config.method in ("layer-skip", "static-width"):
         plain = load_routers(model, ckpt_dir, strict_base=strict_base)  # the checks; then rebuild as the method
         state, summary = plain.routers.state_dict(), getattr(plain, "training_summary", {})
+        fitted = getattr(plain, "fitted_rates", None)
         plain.detach()
     else:  # teal: thresholds, no routers
         saved = ModelDims(**meta["model_dims"])
@@ -73,6 +74,7 @@ def load(model: nn.Module, ckpt_dir: str | Path, *, strict_base: bool = True):
         from wide.model.checkpoint import WEIGHTS_NAME
 
         state, summary = load_file(str(Path(ckpt_dir) / WEIGHTS_NAME)), meta.get("training", {})
+        fitted = None
     wm = build(model, config, base_model_id=meta.get("base_model"))
     try:
         wm.routers.load_state_dict(state, strict=True)
@@ -80,6 +82,7 @@ def load(model: nn.Module, ckpt_dir: str | Path, *, strict_base: bool = True):
         wm.detach()
         raise CheckpointMismatchError(f"tensors of {ckpt_dir} do not match a {config.method} model: {e}") from None
     wm.training_summary = summary
+    wm.fitted_rates = fitted  # what load_routers sets: the runtime plans its kernel paths on it
     return wm
 
 

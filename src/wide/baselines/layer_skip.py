@@ -7,7 +7,7 @@ input (the residual passes through; exact for pre-norm decoders whose o_proj / d
 Built from a WideModel with one group per block (`WideConfig(method="layer-skip")` routes like module
 skipping) plus a forward hook on each `post_attention_layernorm`, registered after WideModel's, that
 replaces the layer's FFN decisions (every `ffn*` entry of `wm.last_masks[i]`: the applied mask with its
-straight-through gradient, the argmax mask, the logits) by the attention decisions. The sparsity loss
+straight-through gradient, the argmax mask, the skip margins) by the attention decisions. The sparsity loss
 therefore sees skip_ffn = skip_attn and eq. 6 becomes α·|S − mean_l skip_l|. The FFN routers are computed
 but never used (no gradient reaches them); the meter counts one router per layer.
 """

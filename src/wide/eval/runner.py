@@ -187,6 +187,7 @@ def run_eval(
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from wide.baselines import load as load_method
     from wide.eval.lm_eval_model import WideLM, default_device, load_routed, parse_dtype
+    from wide.model import WideModel
 
     zs, wikitext = _eval_tasks(tasks)
     _check_data(zs, wikitext, data_dir)
@@ -253,6 +254,8 @@ def run_eval(
         from wide.eval.lm_eval_model import RuntimeLM, RuntimeScorer
         from wide.runtime import WideRuntime
 
+        if wm is not None and wm.config.method in ("layer-skip", "teal"):
+            raise ValueError(f"--runtime serves per-group routers; {kw.get('routers')} holds {wm.config.method}")
         carrier = wm if wm is not None else WideModel(m, WideConfig())  # dense: routers unused
         rt = WideRuntime(carrier, max_batch=batch_size, max_seq=max(max_length, ppl_max_length), routed=wm is not None)
         if wm is None:
