@@ -161,3 +161,17 @@ def test_groups_target_hits_exact_counts(tmp_path):
         wm(torch.randint(0, 101, (1, 8)))
     s = wm.stop_meter()
     assert s["attn_sparsity"] == pytest.approx(0.25) and s["ffn_sparsity"] == pytest.approx(0.5)
+
+
+def test_static_checkpoint_served_by_the_runtime_equals_the_masked_path(tmp_path):
+    from wide.runtime import WideRuntime
+
+    wm = build(tiny_model("llama"), _cfg(sparsity=0.5))
+    calibrate_training_free(wm, _data(), tmp_path, batches=2, batch_size=4, seq_len=16)
+    wm.detach()
+    wm = load(tiny_model("llama"), tmp_path)
+    ids = torch.randint(0, 101, (2, 12))
+    with torch.no_grad():
+        want = wm(ids).logits
+    got = WideRuntime(wm, max_batch=2, max_seq=16, routed=True).score(ids)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
