@@ -143,6 +143,8 @@ def calibrate_args(spec: RunSpec, a: argparse.Namespace, out: Path) -> list:
         args += ["--attn-sparsity", spec.attn_target, "--ffn-sparsity", spec.ffn_target]
     else:
         args += ["--sparsity", spec.target]
+    if a.compile and spec.method not in TRAINING_FREE:
+        args.append("--compile")
     return args + _common(a) + list(spec.extra_args)
 
 
@@ -363,6 +365,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--save-every", type=int, default=200)
     p.add_argument("--dtype", default="auto")
     p.add_argument("--device")
+    p.add_argument("--compile", action="store_true", help="torch.compile the decoder layers in trained calibrations")
     p.add_argument("--tasks", default="all")
     p.add_argument("--eval-limit", type=int)
     p.add_argument("--eval-max-length", type=int, default=4096)
