@@ -86,12 +86,21 @@ def _print_summary(summary: dict) -> None:
 
 
 # ----------------------------------------------------------------------- calibrate
+def _method(a: argparse.Namespace) -> str:
+    """--method, with --module-skipping as the older spelling of --method module-skip."""
+    if a.module_skipping and a.method not in ("wide", "module-skip"):
+        raise ValueError(f"--module-skipping contradicts --method {a.method}")
+    return "module-skip" if a.module_skipping else a.method
+
+
 def cmd_calibrate(a: argparse.Namespace) -> int:
+    from wide.baselines import TRAINING_FREE, build, calibrate_training_free
     from wide.config import WideConfig
     from wide.model import load_model, resolve_model_id
-    from wide.train.calibrate import calibrate, check_out_dir, seeded_wide_model
+    from wide.train.calibrate import calibrate, check_out_dir, seed_everything
 
     device = _train_device(a.device)
+    method = _method(a)
     cfg = WideConfig(
         attn_group_size=a.attn_group_size,
         ffn_group_size=a.ffn_group_size,
@@ -103,7 +112,9 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
         tau_start=a.tau_start,
         tau_end=a.tau_end,
         router_input=a.router_input,
-        module_skipping=a.module_skipping,
+        method=method,
+        sparsity_kind=a.sparsity_kind,
+        distill=a.distill,
         seed=a.seed,
     )
     model_id = resolve_model_id(a.model)
@@ -113,9 +124,22 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     check_out_dir(a.out, tc, resume=a.resume, overwrite=a.overwrite, config=cfg, base_model=model_id)
     # Weights stay in the model dtype (bf16 on GPU); the routers are fp32 and autocast handles the rest.
     model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=device)
-    wm = seeded_wide_model(model, cfg)  # routers from --seed; bad group sizes fail here, before data
+    seed_everything(cfg.seed)  # the routers' initialisation draws from the global generator
+    wm = build(model, cfg)  # unsupported architectures and bad group sizes fail here, before data
     ds, data = _training_data(a, tok, a.seq_len, a.data_mode)
-    summary = calibrate(wm, ds, tc, a.out, resume=a.resume, overwrite=a.overwrite)
+    if method in TRAINING_FREE:  # no training: scores / thresholds from --calib-batches batches
+        summary = calibrate_training_free(
+            wm,
+            ds,
+            a.out,
+            batches=a.calib_batches,
+            batch_size=a.batch_size,
+            seq_len=a.seq_len,
+            seed=a.seed,
+            allocation=a.allocation,
+        )
+    else:
+        summary = calibrate(wm, ds, tc, a.out, resume=a.resume, overwrite=a.overwrite)
     summary["data"] = str(data)
     _print_summary(summary)
     return 0
@@ -123,24 +147,29 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------ finetune
 def cmd_finetune(a: argparse.Namespace) -> int:
+    from wide.baselines import load, method_of
     from wide.config import WideConfig
-    from wide.model import load_model, load_routers, resolve_model_id
+    from wide.model import load_model, resolve_model_id
     from wide.model.checkpoint import check_checkpoint
     from wide.train.calibrate import calibrate, check_out_dir, seed_everything
     from wide.train.lora import apply_lora, check_lora_args
 
+    method = method_of(a.routers)
+    if method == "teal":
+        raise ValueError(f"--routers {a.routers}: LoRA recovery is not implemented for teal (no routers to train)")
     device = _train_device(a.device)
     check_lora_args(a.lora_r, a.lora_alpha, a.lora_dropout)
     cfg = WideConfig.from_dict(check_checkpoint(a.routers)["config"])
     model_id = resolve_model_id(a.model)
     extra = {"model": model_id, "data": _data_source(a)[0], "routers": str(a.routers)}
     extra.update(lora_r=a.lora_r, lora_alpha=a.lora_alpha, lora_dropout=a.lora_dropout)
-    tc = _train_config(a, extra=extra)
+    # static masks are constant routers: nothing to re-fit after training
+    tc = _train_config(a, extra=extra, **({"fit_mode": "none"} if method == "static-width" else {}))
     check_out_dir(a.out, tc, resume=a.resume, overwrite=a.overwrite, config=cfg, base_model=model_id)
     model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=device)
     seed_everything(a.seed)  # LoRA's initialisation draws from the global generator
     adapter = apply_lora(model, r=a.lora_r, alpha=a.lora_alpha, dropout=a.lora_dropout)
-    wm = load_routers(model, a.routers, strict_base=not a.no_strict_base)  # hooks on the LoRA-wrapped modules
+    wm = load(model, a.routers, strict_base=not a.no_strict_base)  # hooks on the LoRA-wrapped modules
     ds, data = _training_data(a, tok, a.seq_len)
     summary = calibrate(wm, ds, tc, a.out, resume=a.resume, overwrite=a.overwrite, adapter=adapter)
     summary["data"], summary["stage1_routers"] = str(data), str(a.routers)
@@ -208,6 +237,11 @@ def cmd_generate(a: argparse.Namespace) -> int:
     model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=device)
     routed = a.routers is not None
     if routed:
+        from wide.baselines import method_of
+
+        method = method_of(a.routers)
+        if method in ("layer-skip", "teal"):
+            raise ValueError(f"--routers {a.routers}: the kernel runtime serves per-group routers, not {method}")
         wm = load_routers(model, a.routers)
     else:  # the dense runtime needs the model's dimensions only; these routers are never run
         wm = WideModel(model, WideConfig(ffn_group_size=math.gcd(model.config.intermediate_size, 128)))
@@ -235,13 +269,16 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- refit
 def cmd_refit(a: argparse.Namespace) -> int:
-    from wide.model import load_model, load_routers
+    from wide.baselines import TRAINING_FREE, load, method_of
+    from wide.model import load_model
     from wide.train.data import DataOrder
     from wide.train.threshold_fit import fit_thresholds
 
+    if method_of(a.routers) in TRAINING_FREE:
+        raise ValueError(f"--routers {a.routers}: {method_of(a.routers)} has no trained thresholds to re-fit")
     device = _device(a.device)
     model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=device)
-    wm = load_routers(model, a.routers)
+    wm = load(model, a.routers)
     ds, data = _training_data(a, tok, a.seq_len)
     order = DataOrder(len(ds), a.batch_size, seed=a.seed)
     batches = [ds.batch(order.next_batch()) for _ in range(a.batches)]
@@ -263,14 +300,17 @@ def cmd_refit(a: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- viz
 def cmd_viz(a: argparse.Namespace) -> int:
     from wide import viz
+    from wide.baselines import load, method_of
     from wide.eval.perplexity import wikitext_perplexity
-    from wide.model import load_model, load_routers
+    from wide.model import load_model
 
+    if method_of(a.routers) == "teal":
+        raise ValueError(f"--routers {a.routers}: teal has no routing decisions to plot")
     device = _device(a.device)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=device)
-    wm = load_routers(model, a.routers)
+    wm = load(model, a.routers)
     wm.start_meter()
     wikitext_perplexity(
         model,
@@ -416,9 +456,36 @@ def build_parser() -> argparse.ArgumentParser:
         help="what the routers read: the block's normed input or the residual stream",
     )
     c.add_argument(
+        "--method",
+        choices=["wide", "module-skip", "layer-skip", "static-width", "teal"],
+        default="wide",
+        help="WIDE or a baseline (docs/baselines.md): token-wise module / layer skipping (trained like WIDE), "
+        "static width pruning or TEAL-style thresholding (training-free: fitted on --calib-batches batches)",
+    )
+    c.add_argument(
         "--module-skipping",
         action="store_true",
-        help="baseline: SkipGPT-style routing of whole attention / FFN blocks per token",
+        help="same as --method module-skip (SkipGPT-style routing of whole attention / FFN blocks per token)",
+    )
+    c.add_argument(
+        "--sparsity-kind",
+        choices=["groups", "flops"],
+        default="groups",
+        help="what --sparsity measures: the fraction of routing groups skipped (activations zeroed for teal), "
+        "or the fraction of the forward's FLOPs removed",
+    )
+    c.add_argument(
+        "--distill",
+        choices=["none", "kl", "kl+lm"],
+        default="none",
+        help="calibration objective: LM loss, KL to the dense model's next-token distribution, or both",
+    )
+    c.add_argument("--calib-batches", type=int, default=8, help="static-width / teal: calibration batches")
+    c.add_argument(
+        "--allocation",
+        choices=["global", "uniform"],
+        default="global",
+        help="static-width: rank groups over all layers, or remove the same count in every layer",
     )
     c.add_argument("--alpha", type=float, default=20.0, help="weight of the sparsity loss (paper eq. 6)")
     c.add_argument("--tau-start", type=float, default=5.0, help="Gumbel-Softmax temperature at step 0")

@@ -203,6 +203,7 @@ def run_eval(
     out: path prefix; writes out.json and out.md (a directory gets results.json / results.md)."""
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from wide.baselines import load as load_method
     from wide.eval.lm_eval_model import WideLM, default_device, load_routed, parse_dtype
     from wide.model import WideModel
 
@@ -272,6 +273,8 @@ def run_eval(
         from wide.eval.lm_eval_model import RuntimeLM, RuntimeScorer
         from wide.runtime import WideRuntime
 
+        if wm is not None and wm.config.method in ("layer-skip", "teal"):
+            raise ValueError(f"--runtime serves per-group routers; {kw.get('routers')} holds {wm.config.method}")
         carrier = wm if wm is not None else WideModel(m, WideConfig())  # dense: routers unused
         rt = WideRuntime(carrier, max_batch=batch_size, max_seq=max(max_length, ppl_max_length), routed=wm is not None)
         if wm is None:
@@ -293,12 +296,13 @@ def run_eval(
             m.config.wide_model_id = getattr(base.config, "wide_model_id", None)
         else:
             m = base
-        wm = WideModel.from_pretrained(m, r, strict_base=strict_base).eval()
+        wm = load_method(m, r, strict_base=strict_base).eval()  # any method of wide.baselines
         try:
             row = evaluate(make_lm(m, wm, routers=r), wm, Path(r).name)
         finally:
             wm.detach()
         row["config"] = wm.config.to_dict()
+        row["method"] = wm.config.method
         row["base_model"] = wm.base_model_id
         row["load_seconds"] = time.time() - t0 - row.get("tasks_seconds", 0) - row.get("wikitext_seconds", 0)
         rows[r] = row

@@ -33,10 +33,9 @@ from tqdm.auto import tqdm
 from wide.config import WideConfig
 from wide.model.checkpoint import CONFIG_NAME, WEIGHTS_NAME, atomic_write_bytes, load_tensors, save_routers
 from wide.model.wide_model import WideModel
-from wide.routing import sparsity_loss
 from wide.train.distributed import all_reduce_mean_, barrier, broadcast_, shard
 from wide.train.distributed import world as dist_world
-from wide.train.loss import chunked_lm_loss
+from wide.train.losses import model_flop_weights, routing_sparsity_loss, task_loss, teacher_hidden
 from wide.train.threshold_fit import FIT_MODES, fit_thresholds
 
 STATE_NAME = "trainer_state.safetensors"  # tensors + a JSON header (safetensors metadata): no pickle
@@ -582,6 +581,7 @@ def calibrate(
         if rank == 0:
             truncate_log(log_path, start)
     amp = autocast_dtype(device)
+    flop_w = model_flop_weights(wm, tc.seq_len) if cfg.sparsity_kind == "flops" else None  # FLOP-weighted target
     wm.mode = "gumbel"
     bar = tqdm(total=tc.steps, initial=start, disable=not progress or rank > 0, desc="calibrate", dynamic_ncols=True)
     t0 = time.perf_counter() - log_state["elapsed"]
@@ -593,13 +593,14 @@ def calibrate(
             ids, am = batch["input_ids"].to(device), batch["attention_mask"].to(device)
             labels = batch["labels"].to(device)
             with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
-                if tc.loss_chunk_tokens:
+                teacher = teacher_hidden(wm, ids, am, adapter)  # [B, T, D] dense teacher, None unless distilling
+                if tc.loss_chunk_tokens or teacher is not None:
                     hidden = wm.hidden_states(ids, attention_mask=am)
-                    lm = chunked_lm_loss(hidden, labels, wm.model.lm_head, tc.loss_chunk_tokens)
+                    objective, lm = task_loss(wm, hidden, labels, teacher, tc.loss_chunk_tokens or 8192)
                 else:
-                    lm = wm(ids, attention_mask=am, labels=labels).loss
+                    lm = objective = wm(ids, attention_mask=am, labels=labels).loss
             a, f = wm.skip_rates()
-            loss = lm.float() + sparsity_loss(a, f, cfg)
+            loss = objective.float() + routing_sparsity_loss(a, f, cfg, flop_w)
             (loss / tc.grad_accum).backward()
             a_arg, f_arg = wm.skip_rates("_argmax")
             stats += (
