@@ -14,18 +14,23 @@ import pytest
 
 
 def dump_autotune(path: str) -> None:
-    """The configs the autotuners picked, per key (for the next tuning round)."""
+    """The configs the autotuners picked, per key (for the next tuning round): every Triton autotuner
+    the kernel modules define, found by type (no private names), keyed by its kernel's name."""
+    import importlib
     import json
+    import pkgutil
 
-    from wide.kernels import gemm_k, gemm_mn, small_m
+    import triton
 
-    tuners = {
-        "gemm_mn": gemm_mn._gemm_mn_tuned,
-        "small_mn": small_m._small_mn_tuned,
-        "small_k": small_m._small_k_tuned,
-        "gemm_k_ordered": gemm_k._ordered,
-    }
-    out = {name: {str(key): str(cfg) for key, cfg in getattr(t, "cache", {}).items()} for name, t in tuners.items()}
+    import wide.kernels
+
+    out = {}
+    for info in pkgutil.iter_modules(wide.kernels.__path__):
+        mod = importlib.import_module(f"wide.kernels.{info.name}")
+        for obj in vars(mod).values():
+            if isinstance(obj, triton.runtime.Autotuner) and getattr(obj, "cache", None):
+                name = f"{info.name}.{getattr(obj.fn, '__name__', type(obj).__name__)}"
+                out[name] = {str(key): str(cfg) for key, cfg in obj.cache.items()}
     with open(path, "w") as f:
         json.dump(out, f, indent=1)
 

@@ -15,7 +15,7 @@ import pstats
 import sys
 import time
 
-from profile_e2e import COMPILE, CUDA, SHAPE, _sync, runtime_calls  # scripts/ is on sys.path when run
+from profile_e2e import COMPILE, CUDA, SHAPE, runtime_calls, sync  # scripts/ is on sys.path when run
 
 
 def main() -> None:
@@ -28,18 +28,18 @@ def main() -> None:
     for routed, name, fn in runtime_calls(shape, rate, prompt, COMPILE):
         for _ in range(2):  # warm: compile, autotune
             fn()
-        _sync()
+        sync()
         t0 = time.perf_counter()
         for _ in range(5):
             fn()
         host_ms = (time.perf_counter() - t0) / 5 * 1e3
-        _sync()
+        sync()
         prof = cProfile.Profile()
         prof.enable()
         for _ in range(5):
             fn()
         prof.disable()
-        _sync()
+        sync()
         s = io.StringIO()
         pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(30)
         head = f"=== {'WIDE' if routed else 'dense'} {name}: host issue {host_ms:.2f} ms per call ({layers} layers)"

@@ -19,8 +19,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from wide.bench.e2e import LLAMA_8B, build_model, routers_at
 from wide.config import WideConfig
-from wide.model.wide_model import WideModel
-from wide.runtime.model import WideRuntime
+from wide.model import WideModel
+from wide.runtime import WideRuntime
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
@@ -36,7 +36,7 @@ TINY = dict(
 SHAPE = LLAMA_8B if CUDA else dict(LLAMA_8B, **TINY)
 
 
-def _sync() -> None:
+def sync() -> None:
     if CUDA:
         torch.cuda.synchronize()
 
@@ -44,11 +44,11 @@ def _sync() -> None:
 def _profile(fn, reps: int = 3) -> tuple[str, int, float]:
     """(top-25 table, kernels per call, summed kernel ms per call)."""
     fn()
-    _sync()
+    sync()
     with profile(activities=[ProfilerActivity.CUDA if CUDA else ProfilerActivity.CPU]) as prof:
         for _ in range(reps):
             fn()
-        _sync()
+        sync()
     events = prof.key_averages()
     kind = torch.autograd.DeviceType.CUDA if CUDA else torch.autograd.DeviceType.CPU
     kernels = [e for e in events if e.device_type == kind]
@@ -62,11 +62,11 @@ def _host_and_wall_ms(fn, reps: int = 5) -> tuple[float, float]:
     """Median host ms to issue one call (no sync) and its wall ms (issue + wait for the GPU)."""
     host, wall = [], []
     for _ in range(reps):
-        _sync()
+        sync()
         t0 = time.perf_counter()
         fn()
         t1 = time.perf_counter()
-        _sync()
+        sync()
         host.append((t1 - t0) * 1e3)
         wall.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(host), statistics.median(wall)

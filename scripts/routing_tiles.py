@@ -20,7 +20,7 @@ import torch
 from wide.eval.tasks import data_path
 from wide.eval.tile_occupancy import occupancy_report
 from wide.model import SMOLLM2, load_model, load_routers
-from wide.viz import _plt
+from wide.paths import resolve_routers
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "smollm2"
@@ -47,7 +47,11 @@ def mean_of(rows: list[dict], kind: str) -> dict:
 
 
 def plot(results: dict, path: Path) -> None:
-    plt = _plt()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     fig, axes = plt.subplots(len(results), 2, figsize=(12, 3.2 * len(results)), squeeze=False)
     for row, (name, rep) in enumerate(results.items()):
         for col, kind in enumerate(("attn", "ffn")):
@@ -76,7 +80,7 @@ def main() -> None:
     ids = tok(data_path("wikitext").read_text(), return_tensors="pt").input_ids[:, : a.tokens]
     results = {}
     for name in CHECKPOINTS:
-        wm = load_routers(model, ROOT / "checkpoints" / name)
+        wm = load_routers(model, resolve_routers(name))
         layers = layer_reports(wm, ids, a.rows, seed=0)
         results[name] = {"layers": layers, "mean": {k: mean_of(layers, k) for k in ("attn", "ffn")}}
         wm.detach()

@@ -54,7 +54,7 @@ def gemm_tables(rows: list[dict]) -> list[str]:
 
 def decode_bandwidth(rows: list[dict]) -> list[str]:
     """M = 1, 50%: weight bytes per second beyond the harness's fixed cost (a trivial kernel per call,
-    measured by scripts/decode_variants.py): dense = N·K·2 bytes; WIDE = the active fraction of them."""
+    measured by the decode sweep, see docs/results.md): dense = N·K·2 bytes; WIDE = the active fraction of them."""
     floor_ms = json.loads((RES / "decode-variants-h200.json").read_text())["records"][0]["wide_ms"]
     out = [
         f"Decode (M = 1, 50%) bandwidth: weight bytes / (time − {1e3 * floor_ms:.1f} µs, the cost per call of a "
@@ -229,24 +229,21 @@ def main() -> None:
             "sparsity is below the GEMM-MN threshold (the 0% rows; 3e6f0a3's per-M thresholds take the same "
             "paths at 0 / 50 / 70%), O by the 'ordered' GEMM-K at M ≥ 16384 / ≥ 40%"
         ),
-        *e2e_table("e2e-h200-ac9af60.json", "the same at commit ac9af60, Q and gate/up sorted at every level"),
-        *e2e_table("e2e-h200-13ce844.json", "the same at commit 13ce844, O by cuBLAS at every M"),
-        *e2e_table("e2e-eager-h200.json", "eager layer step, `--quick`, commit ddf6f57"),
         "Commands (H200 calls): kernels at commit 55338bb, "
-        "`VARIANTS_S=0 BENCH_S=500 TEST_S=0 E2E_S=0 PROFILE_S=0 bash scripts/device_kernels.sh "
+        "`VARIANTS_S=0 BENCH_S=500 TEST_S=0 E2E_S=0 PROFILE_S=0 bash scripts/device/kernels.sh "
         f"$OUT` (step `{meta['command']}`); the dense/sorted GEMM-MN thresholds: `python3 "
         "scripts/mn_dense_threshold.py $OUT` at a53b7c9 (`mn-dense-threshold-h200.json`); e2e at b69a101 "
         "`VARIANTS_S=0 BENCH_S=0 TEST_S=0 E2E_S=480 PROFILE_S=0 E2E_ARGS=--compile bash "
-        "scripts/device_kernels.sh $OUT`, at ac9af60 and 13ce844 the same "
-        "with `E2E_S=450` / `E2E_S=420` (step `wide bench e2e --compile`); the whole GPU suite (routed GEMMs, "
+        "scripts/device/kernels.sh $OUT` (step `wide bench e2e --compile`; earlier runs: docs/results.md); "
+        "the whole GPU suite (routed GEMMs, "
         "routers, PDL, reorder and row order, attention, runtime) at b69a101: `VARIANTS_S=0 BENCH_S=0 TEST_S=430 "
-        "E2E_S=0 PROFILE_S=0 bash scripts/device_kernels.sh $OUT` (`gpu-tests-h200.log`: 643 passed); "
+        "E2E_S=0 PROFILE_S=0 bash scripts/device/kernels.sh $OUT` (`gpu-tests-h200.log`: 643 passed); "
         'profile at c53ef79 with `WIDE_COMPILE=1 PROFILE_S=150 PROFILE_ARGS="4096 0.7"` (`profile-e2e-h200.txt`); '
         "router kernel: `python3 scripts/decode_variants.py $OUT/bench router` at c53ef79 "
         "(`router-h200.json`); PDL: `python3 scripts/decode_variants.py $OUT/bench pdl` "
         "(`experiments/pdl-h200.json`); ordered GEMM-K variants: `python3 scripts/decode_variants.py $OUT/bench "
-        "ordered` at ca06e40 (`experiments/ordered-gemm-k-h200.json`); eager e2e: "
-        "`wide bench e2e --quick`. Tables: `python scripts/summarize_kernels.py`.",
+        "ordered` at ca06e40 (`experiments/ordered-gemm-k-h200.json`) (that script was removed afterwards: "
+        "`git show ca06e40:scripts/decode_variants.py`). Tables: `python scripts/summarize_kernels.py`.",
     ]
     (RES / "kernels-h200.summary.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))

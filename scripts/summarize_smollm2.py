@@ -1,9 +1,9 @@
 """Summarise the committed SmolLM2-135M calibration results into bench/results/smollm2/summary.{json,md}.
 
-Reads committed files only: checkpoints/smollm2-135m-s*/wide_config.json (training summaries) and
+Reads committed files only: src/wide/checkpoints/smollm2-135m-s*/wide_config.json (training summaries) and
 bench/results/smollm2/wide_ppl.json (H200, bf16, full WikiText-2, the shipped routers as trained:
-thresholds fitted per kind at the end of training). The 600-step results of the first session are kept
-in bench/results/smollm2/600-steps/.
+thresholds fitted per kind at the end of training). The first session's 600-step results are in git
+only (docs/results.md, "Superseded runs").
 Usage: python scripts/summarize_smollm2.py
 """
 
@@ -12,13 +12,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from wide.paths import resolve_routers
+
 ROOT = Path(__file__).resolve().parents[1]
 RES = ROOT / "bench" / "results" / "smollm2"
 H200_COMMAND = (
     "three device calls in a row on one warm H200: (1) carry .device-carry/smol.part.aa (any command; "
-    "device_setup.sh keeps it); (2) carry .device-carry/{smol.part.ab,whl,data.tar.xz}: "
-    "`DEADLINE_S=545 bash scripts/device_calibrate_start.sh $OUT 2000`; (3) carry .device-carry/evalwhl: "
-    "`DEADLINE_S=400 bash scripts/device_calibrate_finish.sh $OUT 2000`"
+    "scripts/device/setup.sh keeps it); (2) carry .device-carry/{smol.part.ab,whl,data.tar.xz}: "
+    "`DEADLINE_S=545 bash scripts/device/calibrate_start.sh $OUT 2000`; (3) carry .device-carry/evalwhl: "
+    "`DEADLINE_S=400 bash scripts/device/calibrate_finish.sh $OUT 2000`"
 )
 # DESIGN.md §2: a minimal implementation's token perplexity at 50% (× dense), the floor to beat
 FLOOR_50 = 4.2
@@ -42,7 +44,7 @@ def main() -> None:
         f"| dense | – | – | – | – | – | – | {dense['word_perplexity']:.2f} | {dense['token_perplexity']:.2f} (1.00×) |",
     ]
     for name in ("s25", "s50"):
-        meta = json.loads((ROOT / "checkpoints" / f"smollm2-135m-{name}" / "wide_config.json").read_text())
+        meta = json.loads((resolve_routers(f"smollm2-135m-{name}") / "wide_config.json").read_text())
         tr, cfg = meta["training"], meta["config"]
         tc = tr["train_config"]
         row = by_name[name]

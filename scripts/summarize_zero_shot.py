@@ -1,5 +1,5 @@
 """The README's zero-shot table: the dense row (bench/results/smollm2/dense.json) and the routed rows
-(routed.json, from scripts/device_eval_routed.sh) merged, retention recomputed against dense.
+(routed.json, from scripts/device/eval_routed.sh) merged, retention recomputed against dense.
 Both files must share the protocol (tasks, max length, dtype, batch size); the script checks it.
 Usage: python scripts/summarize_zero_shot.py  -> bench/results/smollm2/zero_shot.{json,md}
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from wide.eval.runner import _summarise, to_markdown
+from wide.eval.runner import summarise, to_markdown
 
 RES = Path(__file__).resolve().parents[1] / "bench" / "results" / "smollm2"
 PROTOCOL = ("limit", "batch_size", "max_length", "ppl_max_length", "dtype", "softmax_dtype", "num_fewshot")
@@ -26,7 +26,7 @@ def main() -> None:
         raise SystemExit("task lists differ")
     merged = dict(dense, rows={"dense": dense["rows"]["dense"], **routed["rows"]})
     merged["sources"] = {"dense": "dense.json", "routed": "routed.json"}
-    _summarise(merged)
+    summarise(merged)
     # BoolQ sits near chance for small models and moves with routing: also report the average without it
     others = [t for t in merged["tasks"] if t != "boolq"]
     base = None

@@ -258,3 +258,242 @@ def test_bench_e2e_subset_options_parse_and_reject_bad_lists(capsys):
             build_parser().parse_args(["bench", "e2e", *bad])
         err = capsys.readouterr().err
         assert "expected a comma list" in err or "must lie in" in err
+
+
+# ------------------------------------------------------------------ issue 16: runs that are safe
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Fail loudly if a command gets as far as loading a model."""
+    import wide.model
+
+    def refuse(*a, **k):
+        raise AssertionError("the model was loaded before the bad input was found")
+
+    monkeypatch.setattr(wide.model, "load_model", refuse)
+
+
+def _routers(d):
+    from safetensors.torch import load_file
+
+    return load_file(str(d / "routers.safetensors"))
+
+
+def _log_steps(d):
+    return [json.loads(x) for x in (d / "train_log.jsonl").read_text().splitlines()]
+
+
+def test_same_command_twice_is_bit_identical(tiny_dir, text_file, tmp_path):
+    for name in ("a", "b"):
+        assert calibrate_tiny(tiny_dir, text_file, tmp_path / name, steps=3) == 0
+    assert calibrate_tiny(tiny_dir, text_file, tmp_path / "c", "--seed", 1, steps=3) == 0
+    a, b, c = (_routers(tmp_path / n) for n in "abc")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["loss"] for r in _log_steps(tmp_path / "a")] == [r["loss"] for r in _log_steps(tmp_path / "b")]
+    assert not all(torch.equal(a[k], c[k]) for k in a)  # the seed matters: the check above can fail
+
+
+def test_resume_refuses_changed_flags_before_loading(tiny_dir, text_file, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "run"
+    assert calibrate_tiny(tiny_dir, text_file, out, "--save-every", 2, "--log-every", 1, steps=4) == 0  # ckpt 2 stays
+    other = tmp_path / "other.txt"
+    other.write_text(text_file.read_text())
+    import wide.model
+
+    real_load = wide.model.load_model
+    monkeypatch.setattr(wide.model, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    capsys.readouterr()
+    for flag, value in (
+        ("--lr", 0.1),
+        ("--sparsity", 0.25),
+        ("--ffn-group-size", 32),
+        ("--seq-len", 16),
+        ("--router-rank", 4),
+        ("--seed", 5),
+    ):
+        assert calibrate_tiny(tiny_dir, text_file, out, "--save-every", 2, "--resume", flag, value, steps=4) == 2
+        err = capsys.readouterr().err
+        assert f"--resume: {flag} " in err and err.count("\n") == 1, err
+    assert calibrate_tiny(tiny_dir, text_file, out, "--save-every", 2, "--resume", "--data", other, steps=4) == 2
+    assert "--resume: --data " in capsys.readouterr().err
+    monkeypatch.setattr(wide.model, "load_model", real_load)
+    # checkpointing / logging flags may change; the log then holds every step exactly once (no 3, 4 twice)
+    assert calibrate_tiny(tiny_dir, text_file, out, "--save-every", 3, "--log-every", 1, "--resume", steps=4) == 0
+    assert [r["step"] for r in _log_steps(out)] == [1, 2, 3, 4]
+
+
+def test_foreign_out_dir_needs_overwrite_and_stays_intact(tiny_dir, text_file, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "project"
+    for name in ("checkpoint-500", "checkpoint-1000", "checkpoint-best"):
+        (out / name).mkdir(parents=True)
+        (out / name / "weights.bin").write_text(name)
+    (out / "train_log.jsonl").write_text('{"theirs": 1}\n')
+    import wide.model
+
+    real_load = wide.model.load_model
+    monkeypatch.setattr(wide.model, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    assert calibrate_tiny(tiny_dir, text_file, out, "--save-every", 1, steps=2) == 2
+    assert "is not a WIDE run" in capsys.readouterr().err
+    monkeypatch.setattr(wide.model, "load_model", real_load)
+    assert calibrate_tiny(tiny_dir, text_file, out, "--save-every", 1, "--log-every", 1, "--overwrite", steps=3) == 0
+    for name in ("checkpoint-500", "checkpoint-1000", "checkpoint-best"):
+        assert (out / name / "weights.bin").read_text() == name
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == [
+        "checkpoint-1000",
+        "checkpoint-2",
+        "checkpoint-500",
+        "checkpoint-best",
+    ]
+    assert [r["step"] for r in _log_steps(out)] == [1, 2, 3]
+
+
+def test_bad_input_fails_before_loading_and_leaves_no_dir(tiny_dir, text_file, tmp_path, capsys, no_model_load):
+    out = tmp_path / "run"
+    assert calibrate_tiny(tiny_dir, text_file, out, "--lr", -1) == 2
+    assert "lr must be a positive number" in capsys.readouterr().err and not out.exists()
+    assert cli("finetune", "--model", tiny_dir, "--routers", tmp_path, "--lora-dropout", 1.5, "--out", out) == 2
+    assert "--lora-dropout" in capsys.readouterr().err and not out.exists()
+
+
+def test_read_only_out_fails_before_loading(tiny_dir, text_file, tmp_path, capsys, monkeypatch, no_model_load):
+    import errno
+
+    import wide.train.calibrate as cal
+
+    def read_only(*a, **k):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(cal.tempfile, "TemporaryFile", read_only)
+    out = tmp_path / "ro" / "run"
+    assert calibrate_tiny(tiny_dir, text_file, out) == 2
+    assert "is not writable (Read-only file system)" in capsys.readouterr().err and not out.exists()
+
+
+def test_eval_rejects_broken_checkpoints_with_one_line(tiny_dir, text_file, tmp_path, capsys, monkeypatch):
+    import shutil
+
+    import wide.eval.runner
+
+    out = tmp_path / "run"
+    assert calibrate_tiny(tiny_dir, text_file, out, "--fit-mode", "none") == 0
+    monkeypatch.setattr(wide.eval.runner, "run_eval", lambda *a, **k: pytest.fail("evaluation started"))
+    truncated, bad_json = tmp_path / "truncated", tmp_path / "bad_json"
+    shutil.copytree(out, truncated)
+    data = (truncated / "routers.safetensors").read_bytes()
+    (truncated / "routers.safetensors").write_bytes(data[: len(data) // 2])
+    shutil.copytree(out, bad_json)
+    (bad_json / "wide_config.json").write_text('{"format": "wide-routers", ')
+    capsys.readouterr()
+    for ckpt, name in ((truncated, "routers.safetensors"), (bad_json, "wide_config.json")):
+        assert cli("eval", "--model", tiny_dir, "--routers", ckpt, "--tasks", "wikitext") == 2
+        err = capsys.readouterr().err
+        assert str(ckpt / name) in err and err.count("\n") == 1, err
+    # the same files through the library loader and --resume's router file
+    from transformers import AutoModelForCausalLM
+
+    from wide.model import CheckpointMismatchError, load_routers
+
+    with pytest.raises(CheckpointMismatchError, match="routers.safetensors is truncated"):
+        load_routers(AutoModelForCausalLM.from_pretrained(tiny_dir), truncated, strict_base=False)
+
+
+def test_eval_and_finetune_accept_no_strict_base(tmp_path):
+    from wide.cli import build_parser
+
+    r = str(tmp_path)  # --routers must name an existing folder (or a shipped checkpoint) at parse time
+    a = build_parser().parse_args(["eval", "--routers", r, "--no-strict-base"])
+    assert a.no_strict_base
+    a = build_parser().parse_args(["finetune", "--routers", r, "--out", "o", "--no-strict-base"])
+    assert a.no_strict_base
+
+
+def _fake_gguf(path, arch: str) -> None:
+    """A GGUF header only (no tensors): general.name, then general.architecture."""
+    import struct
+
+    def kv(key: bytes, value: bytes) -> bytes:
+        return struct.pack("<Q", len(key)) + key + struct.pack("<IQ", 8, len(value)) + value
+
+    path.write_bytes(
+        b"GGUF"
+        + struct.pack("<IQQ", 3, 0, 2)
+        + kv(b"general.name", b"fake")
+        + kv(b"general.architecture", arch.encode())
+    )
+
+
+def test_unsupported_gguf_gets_the_wide_error_before_loading(tmp_path, capsys):
+    f = tmp_path / "m.gguf"
+    _fake_gguf(f, "gpt2")
+    want = "unsupported architecture 'gpt2': WIDE routes llama, mistral, qwen2, qwen3 models"
+    assert cli("calibrate", "--model", f, "--data", tmp_path, "--steps", 1, "--out", tmp_path / "o") == 2
+    err = capsys.readouterr().err
+    assert want in err and str(f) in err and not (tmp_path / "o").exists()
+    assert cli("generate", "--model", f) == 2
+    assert want in capsys.readouterr().err
+    (tmp_path / "not.gguf").write_bytes(b"PK\x03\x04 a zip file")
+    assert cli("generate", "--model", tmp_path / "not.gguf") == 2
+    assert "is not a GGUF file" in capsys.readouterr().err
+
+
+def test_any_gguf_path_or_directory_resolves(tmp_path):
+    from wide.model import smollm2_gguf_path
+    from wide.model.loading import resolve_source
+
+    link = tmp_path / "models" / "my-model.gguf"
+    link.parent.mkdir()
+    link.symlink_to(smollm2_gguf_path())
+    assert resolve_source(str(link)) == (str(link.parent), {"gguf_file": "my-model.gguf"})
+    assert resolve_source(str(link.parent)) == (str(link.parent), {"gguf_file": "my-model.gguf"})
+    with pytest.raises(FileNotFoundError, match="no such GGUF file"):
+        resolve_source(str(tmp_path / "absent.gguf"))
+
+
+@pytest.mark.slow
+def test_gguf_path_loads_and_routes(tmp_path):
+    from wide.config import WideConfig
+    from wide.model import WideModel, load_model, smollm2_gguf_path
+
+    link = tmp_path / "other-name.gguf"
+    link.symlink_to(smollm2_gguf_path())
+    model, tok = load_model(str(link))
+    assert model.config.model_type == "llama" and model.config.wide_model_id == str(link)
+    wm = WideModel(model, WideConfig(ffn_group_size=64))
+    with torch.no_grad():
+        assert torch.isfinite(wm(tok("Hello", return_tensors="pt").input_ids).logits).all()
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])
+def test_local_directory_of_each_family_loads(tiny_dir, tmp_path, family):
+    from transformers import AutoTokenizer
+
+    from wide.config import WideConfig
+    from wide.model import WideModel, load_model
+
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    d = tmp_path / family
+    tiny_model(family, vocab=len(tok)).save_pretrained(d)
+    tok.save_pretrained(d)
+    model, tok = load_model(str(d))
+    assert model.config.model_type == family
+    wm = WideModel(model, WideConfig(ffn_group_size=16, router_rank=8))
+    with torch.no_grad():
+        assert torch.isfinite(wm(tok("one two three", return_tensors="pt").input_ids).logits).all()
+
+
+def test_finetune_reproduces_and_resume_refuses_changed_lora(tiny_dir, text_file, tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    s1 = tmp_path / "s1"
+    assert calibrate_tiny(tiny_dir, text_file, s1) == 0
+
+    def finetune(out, *extra):
+        args = ("--data", text_file, "--steps", 2, "--seq-len", 32, "--batch-size", 2, "--save-every", 1)
+        return cli("finetune", "--model", tiny_dir, "--routers", s1, "--lora-r", 4, *args, "--out", out, *extra)
+
+    assert finetune(tmp_path / "a") == 0 and finetune(tmp_path / "b") == 0
+    for name in ("routers.safetensors", "adapter_model.safetensors"):
+        a, b = load_file(str(tmp_path / "a" / name)), load_file(str(tmp_path / "b" / name))
+        assert all(torch.equal(a[k], b[k]) for k in a), name  # LoRA's initialisation is seeded too
+    capsys.readouterr()
+    assert finetune(tmp_path / "a", "--resume", "--lora-r", 8) == 2
+    assert "--resume: --lora-r 8 differs from 4" in capsys.readouterr().err

@@ -44,13 +44,25 @@ def _dtype(name: str, device: torch.device) -> torch.dtype:
     }[name]
 
 
+def _data_source(a: argparse.Namespace) -> tuple[str, Path | None]:
+    """(--data, data root): --data defaults to the RedPajama sample under the data root."""
+    from wide.paths import data_dir, find_data_dir
+
+    # --data alone: relative paths still resolve under a data root if one is found (train.data does that)
+    root = data_dir(a.data_dir) if a.data_dir else (None if a.data else find_data_dir())
+    if a.data is None and root is None:
+        raise FileNotFoundError(
+            "no training text: pass --data (a .txt/.jsonl/.json/.parquet file, a folder, or a Hugging Face dataset "
+            "name when online), or --data-dir / WIDE_DATA for the RedPajama sample of a data folder"
+        )
+    return a.data or str(root / "redpajama" / "sample_redpajama"), root
+
+
 def _training_data(a: argparse.Namespace, tok, seq_len: int, mode: str = "packed"):
     """(dataset, source) from --data, defaulting to the RedPajama sample under the data root."""
-    from wide.paths import data_dir
     from wide.train.data import load_calibration_data
 
-    root = data_dir(a.data_dir) if (a.data_dir or not a.data) else None
-    data = a.data or str(root / "redpajama" / "sample_redpajama")
+    data, root = _data_source(a)
     ds = load_calibration_data(data, tok, seq_len=seq_len, mode=mode, data_root=root)
     print(f"training data: {len(ds)} sequences x {seq_len} tokens from {data}", file=sys.stderr)
     return ds, data
@@ -83,11 +95,20 @@ def _print_summary(summary: dict) -> None:
 
 
 # ----------------------------------------------------------------------- calibrate
-def cmd_calibrate(a: argparse.Namespace) -> int:
-    from wide.config import WideConfig
-    from wide.model import WideModel, load_model
-    from wide.train.calibrate import calibrate
+def _method(a: argparse.Namespace) -> str:
+    """--method, with --module-skipping as the older spelling of --method module-skip."""
+    if a.module_skipping and a.method not in ("wide", "module-skip"):
+        raise ValueError(f"--module-skipping contradicts --method {a.method}")
+    return "module-skip" if a.module_skipping else a.method
 
+
+def cmd_calibrate(a: argparse.Namespace) -> int:
+    from wide.baselines import TRAINING_FREE, build, calibrate_training_free
+    from wide.config import WideConfig
+    from wide.model import load_model, resolve_model_id
+    from wide.train.calibrate import calibrate, check_out_dir, seed_everything
+
+    method = _method(a)
     device = _train_device(a)
     cfg = WideConfig(
         attn_group_size=a.attn_group_size,
@@ -100,15 +121,36 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
         tau_start=a.tau_start,
         tau_end=a.tau_end,
         router_input=a.router_input,
-        module_skipping=a.module_skipping,
+        method=method,
+        sparsity_kind=a.sparsity_kind,
+        distill=a.distill,
         seed=a.seed,
     )
-    tc = _train_config(a, data_mode=a.data_mode, fit_mode=a.fit_mode, compile=a.compile)
+    model_id = resolve_model_id(a.model)
+    extra = {"model": model_id, "data": _data_source(a)[0]}  # compared on --resume
+    tc = _train_config(a, data_mode=a.data_mode, fit_mode=a.fit_mode, compile=a.compile, extra=extra)
+    # --out / --resume problems surface before the model and the data load; nothing is written yet
+    check_out_dir(a.out, tc, resume=a.resume, overwrite=a.overwrite, config=cfg, base_model=model_id)
     # Weights stay in the model dtype (bf16 on GPU); the routers are fp32 and autocast handles the rest.
-    model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=_load_device(a, device))
-    wm = WideModel(model, cfg)  # unsupported architectures and bad group sizes fail here, before data
+    # training-free methods never shard: they score on the training device
+    load_device = device if method in TRAINING_FREE else _load_device(a, device)
+    model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=load_device)
+    seed_everything(cfg.seed)  # the routers' initialisation draws from the global generator
+    wm = build(model, cfg)  # unsupported architectures and bad group sizes fail here, before data
     ds, data = _training_data(a, tok, a.seq_len, a.data_mode)
-    summary = calibrate(wm, ds, tc, a.out, resume=a.resume, device=device)
+    if method in TRAINING_FREE:  # no training: scores / thresholds from --calib-batches batches
+        summary = calibrate_training_free(
+            wm,
+            ds,
+            a.out,
+            batches=a.calib_batches,
+            batch_size=a.batch_size,
+            seq_len=a.seq_len,
+            seed=a.seed,
+            allocation=a.allocation,
+        )
+    else:
+        summary = calibrate(wm, ds, tc, a.out, resume=a.resume, overwrite=a.overwrite, device=device)
     summary["data"] = str(data)
     _print_summary(summary)
     return 0
@@ -116,17 +158,31 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------ finetune
 def cmd_finetune(a: argparse.Namespace) -> int:
-    from wide.model import load_model, load_routers
-    from wide.train.calibrate import calibrate
-    from wide.train.lora import apply_lora
+    from wide.baselines import load, method_of
+    from wide.config import WideConfig
+    from wide.model import load_model, resolve_model_id
+    from wide.model.checkpoint import check_checkpoint
+    from wide.train.calibrate import calibrate, check_out_dir, seed_everything
+    from wide.train.lora import apply_lora, check_lora_args
 
+    check_lora_args(a.lora_r, a.lora_alpha, a.lora_dropout)  # flag errors first, before any file is read
+    method = method_of(a.routers)
+    if method == "teal":
+        raise ValueError(f"--routers {a.routers}: LoRA recovery is not implemented for teal (no routers to train)")
     device = _train_device(a)
-    tc = _train_config(a)
+    cfg = WideConfig.from_dict(check_checkpoint(a.routers)["config"])
+    model_id = resolve_model_id(a.model)
+    extra = {"model": model_id, "data": _data_source(a)[0], "routers": str(a.routers)}
+    extra.update(lora_r=a.lora_r, lora_alpha=a.lora_alpha, lora_dropout=a.lora_dropout)
+    # static masks are constant routers: nothing to re-fit after training
+    tc = _train_config(a, extra=extra, **({"fit_mode": "none"} if method == "static-width" else {}))
+    check_out_dir(a.out, tc, resume=a.resume, overwrite=a.overwrite, config=cfg, base_model=model_id)
     model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=_load_device(a, device))
+    seed_everything(a.seed)  # LoRA's initialisation draws from the global generator
     adapter = apply_lora(model, r=a.lora_r, alpha=a.lora_alpha, dropout=a.lora_dropout)
-    wm = load_routers(model, a.routers)  # hooks go on the LoRA-wrapped modules
+    wm = load(model, a.routers, strict_base=not a.no_strict_base)  # hooks on the LoRA-wrapped modules
     ds, data = _training_data(a, tok, a.seq_len)
-    summary = calibrate(wm, ds, tc, a.out, resume=a.resume, adapter=adapter, device=device)
+    summary = calibrate(wm, ds, tc, a.out, resume=a.resume, overwrite=a.overwrite, adapter=adapter, device=device)
     summary["data"], summary["stage1_routers"] = str(data), str(a.routers)
     _print_summary(summary)
     return 0
@@ -135,7 +191,10 @@ def cmd_finetune(a: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- eval
 def cmd_eval(a: argparse.Namespace) -> int:
     from wide.eval.runner import run_eval
+    from wide.model.checkpoint import check_checkpoint
 
+    for r in a.routers or []:  # a broken checkpoint fails here, not after the dense row was evaluated
+        check_checkpoint(r)
     device = _device(a.device)
     res = run_eval(
         a.model,
@@ -151,6 +210,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
         dense=not a.no_dense,
         check_wikitext=not a.no_lm_eval_check,
         runtime=a.runtime,
+        strict_base=not a.no_strict_base,
     )
     if not a.out:
         print(json.dumps(res, indent=1, default=str))
@@ -165,6 +225,7 @@ def cmd_demo(a: argparse.Namespace) -> int:
         routers=a.routers,
         calibrate=a.calibrate,
         data_dir=a.data_dir,
+        data=a.data,
         max_tokens=a.max_tokens,
         prompt=a.prompt,
         device=a.device,
@@ -187,6 +248,11 @@ def cmd_generate(a: argparse.Namespace) -> int:
     model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=device)
     routed = a.routers is not None
     if routed:
+        from wide.baselines import method_of
+
+        method = method_of(a.routers)
+        if method in ("layer-skip", "teal"):
+            raise ValueError(f"--routers {a.routers}: the kernel runtime serves per-group routers, not {method}")
         wm = load_routers(model, a.routers)
     else:  # the dense runtime needs the model's dimensions only; these routers are never run
         wm = WideModel(model, WideConfig(ffn_group_size=math.gcd(model.config.intermediate_size, 128)))
@@ -214,13 +280,16 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- refit
 def cmd_refit(a: argparse.Namespace) -> int:
-    from wide.model import load_model, load_routers
+    from wide.baselines import TRAINING_FREE, load, method_of
+    from wide.model import load_model
     from wide.train.data import DataOrder
     from wide.train.threshold_fit import fit_thresholds
 
+    if method_of(a.routers) in TRAINING_FREE:
+        raise ValueError(f"--routers {a.routers}: {method_of(a.routers)} has no trained thresholds to re-fit")
     device = _device(a.device)
     model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=device)
-    wm = load_routers(model, a.routers)
+    wm = load(model, a.routers)
     ds, data = _training_data(a, tok, a.seq_len)
     order = DataOrder(len(ds), a.batch_size, seed=a.seed)
     batches = [ds.batch(order.next_batch()) for _ in range(a.batches)]
@@ -242,14 +311,17 @@ def cmd_refit(a: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- viz
 def cmd_viz(a: argparse.Namespace) -> int:
     from wide import viz
+    from wide.baselines import load, method_of
     from wide.eval.perplexity import wikitext_perplexity
-    from wide.model import load_model, load_routers
+    from wide.model import load_model
 
+    if method_of(a.routers) == "teal":
+        raise ValueError(f"--routers {a.routers}: teal has no routing decisions to plot")
     device = _device(a.device)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=device)
-    wm = load_routers(model, a.routers)
+    wm = load(model, a.routers)
     wm.start_meter()
     wikitext_perplexity(
         model,
@@ -260,6 +332,7 @@ def cmd_viz(a: argparse.Namespace) -> int:
         batch_size=1,
         device=device,
         meter=wm.meter,
+        desc=f"{Path(a.routers).name} wikitext",
     )
     summary = wm.stop_meter()
     made = [
@@ -315,15 +388,52 @@ def _csv(cast, lo, hi):
     return parse
 
 
+_OVERWRITE_HELP = (
+    "start a new run in a non-empty --out (WIDE writes its own files there; an earlier WIDE run's are replaced)"
+)
+_NO_STRICT_HELP = "load routers calibrated on another base model of the same dimensions"
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends "(default: X)" to every flag's help, except where there is no default (None / off)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None or action.default is False:
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
+def _routers(text: str) -> str:
+    """argparse type: a router checkpoint folder, or a shipped checkpoint's name (smollm2-135m-s25 / -s50)."""
+    from wide.paths import resolve_routers
+
+    try:
+        return str(resolve_routers(text))
+    except FileNotFoundError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+ROUTERS_HELP = "router checkpoint folder, or a shipped one by name: smollm2-135m-s25, smollm2-135m-s50"
+DATA_HELP = (
+    "text to train on: a .txt/.jsonl/.json/.parquet file, a folder of them, or a Hugging Face dataset "
+    "name[:config[:split]] (online; cached by datasets); commas join several (default: the RedPajama sample "
+    "under the data root)"
+)
+DATA_DIR_HELP = "data root laid out like shared/data (default: $WIDE_DATA, else a shared/data next to the repo)"
+DTYPE_HELP = "model weights: auto (bf16 on GPU, fp32 on CPU), bf16, fp16 or fp32"
+DEVICE_HELP = "torch device, e.g. cpu, cuda, cuda:1 (default: cuda when available, else cpu)"
+MODEL_HELP = "base model: smollm2-135m (embedded), a local folder or a Hugging Face hub id"
+
+
 def _add_training_args(p: argparse.ArgumentParser, *, lr: float) -> None:
-    p.add_argument("--steps", type=int, default=2000)
-    p.add_argument("--seq-len", type=int, default=2048)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--grad-accum", type=int, default=1)
-    p.add_argument("--lr", type=float, default=lr)
-    p.add_argument("--save-every", type=int, default=200)
-    p.add_argument("--log-every", type=int, default=10)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=2000, help="optimizer steps")
+    p.add_argument("--seq-len", type=int, default=2048, help="tokens per training sequence")
+    p.add_argument("--batch-size", type=int, default=16, help="sequences per step (over all ranks under torchrun)")
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches accumulated per step")
+    p.add_argument("--lr", type=float, default=lr, help="peak AdamW learning rate (10%% warm-up, cosine decay)")
+    p.add_argument("--save-every", type=int, default=200, help="write a resumable checkpoint every N steps")
+    p.add_argument("--log-every", type=int, default=10, help="append to train_log.jsonl every N steps")
+    p.add_argument("--seed", type=int, default=0, help="router / LoRA initialisation, data order, Gumbel noise")
     p.add_argument(
         "--parallel",
         choices=["replica", "fsdp"],
@@ -338,33 +448,70 @@ def _add_training_args(p: argparse.ArgumentParser, *, lr: float) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="wide", description="Token-level dynamic width pruning (WIDE).")
+    p = argparse.ArgumentParser(
+        prog="wide", description="Token-level dynamic width pruning (WIDE).", formatter_class=_HelpFormatter
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    c = sub.add_parser("calibrate", help="stage 1: train routers on a frozen model")
-    c.add_argument("--model", default="smollm2-135m", help="smollm2-135m (embedded), a local path or hub id")
+    c = sub.add_parser("calibrate", formatter_class=_HelpFormatter, help="stage 1: train routers on a frozen model")
+    c.add_argument("--model", default="smollm2-135m", help=MODEL_HELP)
+    c.add_argument("--data", help=DATA_HELP)
+    c.add_argument("--data-dir", help=DATA_DIR_HELP)
     c.add_argument(
-        "--data",
-        help="text source: .txt/.jsonl/.json/.parquet, a directory, or a hub dataset "
-        "(default: the RedPajama sample under the data root)",
+        "--data-mode",
+        choices=["packed", "padded"],
+        default="packed",
+        help="packed: documents joined with EOS and cut into full sequences; padded: one document per row",
     )
-    c.add_argument("--data-dir", help="data root laid out like shared/data (default: $WIDE_DATA)")
-    c.add_argument("--data-mode", choices=["packed", "padded"], default="packed")
     c.add_argument("--sparsity", type=float, default=0.5, help="shared target S (paper eq. 6)")
-    c.add_argument("--attn-sparsity", type=float, help="separate attention target (eq. 22, with --ffn-sparsity)")
-    c.add_argument("--ffn-sparsity", type=float, help="separate FFN target")
-    c.add_argument("--attn-group-size", type=int, help="query heads per attention decision (default Hq/Hk)")
-    c.add_argument("--ffn-group-size", type=int, default=128)
-    c.add_argument("--router-rank", type=int, default=32)
-    c.add_argument("--router-input", choices=["normed", "residual"], default="normed")
+    c.add_argument(
+        "--attn-sparsity", type=float, help="separate attention target (eq. 22, with --ffn-sparsity; default: off)"
+    )
+    c.add_argument("--ffn-sparsity", type=float, help="separate FFN target (eq. 22; default: off)")
+    c.add_argument("--attn-group-size", type=int, help="query heads per attention decision (default: Hq/Hk)")
+    c.add_argument("--ffn-group-size", type=int, default=128, help="FFN channels per routing decision (G_ffn)")
+    c.add_argument("--router-rank", type=int, default=32, help="router bottleneck width r (D -> r -> 2 N_G)")
+    c.add_argument(
+        "--router-input",
+        choices=["normed", "residual"],
+        default="normed",
+        help="what the routers read: the block's normed input or the residual stream",
+    )
+    c.add_argument(
+        "--method",
+        choices=["wide", "module-skip", "layer-skip", "static-width", "teal"],
+        default="wide",
+        help="WIDE or a baseline (docs/baselines.md): token-wise module / layer skipping (trained like WIDE), "
+        "static width pruning or TEAL-style thresholding (training-free: fitted on --calib-batches batches)",
+    )
     c.add_argument(
         "--module-skipping",
         action="store_true",
-        help="baseline: SkipGPT-style routing of whole attention / FFN blocks per token",
+        help="same as --method module-skip (SkipGPT-style routing of whole attention / FFN blocks per token)",
     )
-    c.add_argument("--alpha", type=float, default=20.0)
-    c.add_argument("--tau-start", type=float, default=5.0)
-    c.add_argument("--tau-end", type=float, default=0.5)
+    c.add_argument(
+        "--sparsity-kind",
+        choices=["groups", "flops"],
+        default="groups",
+        help="what --sparsity measures: the fraction of routing groups skipped (activations zeroed for teal), "
+        "or the fraction of the forward's FLOPs removed",
+    )
+    c.add_argument(
+        "--distill",
+        choices=["none", "kl", "kl+lm"],
+        default="none",
+        help="calibration objective: LM loss, KL to the dense model's next-token distribution, or both",
+    )
+    c.add_argument("--calib-batches", type=int, default=8, help="static-width / teal: calibration batches")
+    c.add_argument(
+        "--allocation",
+        choices=["global", "uniform"],
+        default="global",
+        help="static-width: rank groups over all layers, or remove the same count in every layer",
+    )
+    c.add_argument("--alpha", type=float, default=20.0, help="weight of the sparsity loss (paper eq. 6)")
+    c.add_argument("--tau-start", type=float, default=5.0, help="Gumbel-Softmax temperature at step 0")
+    c.add_argument("--tau-end", type=float, default=0.5, help="Gumbel-Softmax temperature at the last step")
     _add_training_args(c, lr=2e-3)
     c.add_argument("--compile", action="store_true", help="torch.compile the decoder layers (hooks included)")
     c.add_argument(
@@ -374,38 +521,55 @@ def build_parser() -> argparse.ArgumentParser:
         help="after training, fit argmax thresholds to the Gumbel-time skip rates: per router, "
         "per kind (attention / FFN), one global offset, or none",
     )
-    c.add_argument("--dtype", default="auto", help="model weights: auto (bf16 on GPU, fp32 on CPU), bf16, fp32")
-    c.add_argument("--device")
+    c.add_argument("--dtype", default="auto", help=DTYPE_HELP)
+    c.add_argument("--device", help=DEVICE_HELP)
     c.add_argument("--out", required=True, help="output directory (checkpoints, log, final routers)")
     c.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    c.add_argument("--overwrite", action="store_true", help=_OVERWRITE_HELP)
     c.set_defaults(func=cmd_calibrate)
 
-    f = sub.add_parser("finetune", help="stage 2: LoRA recovery together with stage-1 routers")
-    f.add_argument("--model", default="smollm2-135m")
-    f.add_argument("--routers", required=True, help="stage-1 router checkpoint directory")
-    f.add_argument("--data")
-    f.add_argument("--data-dir")
-    f.add_argument("--lora-r", type=int, default=16)
-    f.add_argument("--lora-alpha", type=int, default=32)
-    f.add_argument("--lora-dropout", type=float, default=0.1)
+    f = sub.add_parser(
+        "finetune", formatter_class=_HelpFormatter, help="stage 2: LoRA recovery together with stage-1 routers"
+    )
+    f.add_argument("--model", default="smollm2-135m", help=MODEL_HELP)
+    f.add_argument("--routers", required=True, type=_routers, help="stage-1 routers: " + ROUTERS_HELP)
+    f.add_argument("--data", help=DATA_HELP)
+    f.add_argument("--data-dir", help=DATA_DIR_HELP)
+    f.add_argument("--lora-r", type=int, default=16, help="LoRA rank (all seven linear modules)")
+    f.add_argument("--lora-alpha", type=int, default=32, help="LoRA alpha")
+    f.add_argument("--lora-dropout", type=float, default=0.1, help="LoRA dropout")
     _add_training_args(f, lr=2e-4)
-    f.add_argument("--dtype", default="auto")
-    f.add_argument("--device")
+    f.add_argument("--dtype", default="auto", help=DTYPE_HELP)
+    f.add_argument("--device", help=DEVICE_HELP)
     f.add_argument("--out", required=True, help="output: routers + LoRA adapter (peft format)")
     f.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    f.add_argument("--overwrite", action="store_true", help=_OVERWRITE_HELP)
+    f.add_argument("--no-strict-base", action="store_true", help=_NO_STRICT_HELP)
     f.set_defaults(func=cmd_finetune)
 
-    e = sub.add_parser("eval", help="WikiText-2 perplexity and zero-shot tasks, dense vs routed")
-    e.add_argument("--model", default="smollm2-135m")
-    e.add_argument("--routers", nargs="*", help="router checkpoint directories")
-    e.add_argument("--tasks", default="wikitext", help="comma list: wikitext,arc_easy,... or all")
-    e.add_argument("--data-dir")
-    e.add_argument("--limit", type=int, help="examples per task (documents for wikitext)")
-    e.add_argument("--batch-size", type=int, default=8)
-    e.add_argument("--max-length", type=int, default=4096)
-    e.add_argument("--dtype", default="auto")
-    e.add_argument("--device")
-    e.add_argument("--out", help="JSON file (a markdown table is written next to it; rewritten after every row)")
+    e = sub.add_parser(
+        "eval", formatter_class=_HelpFormatter, help="WikiText-2 perplexity and zero-shot tasks, dense vs routed"
+    )
+    e.add_argument("--model", default="smollm2-135m", help=MODEL_HELP)
+    e.add_argument("--routers", nargs="*", type=_routers, help="one row each: " + ROUTERS_HELP)
+    e.add_argument(
+        "--tasks",
+        default="wikitext",
+        help="comma list of wikitext, arc_easy, arc_challenge, boolq, winogrande, piqa, openbookqa, hellaswag; or all",
+    )
+    e.add_argument(
+        "--data-dir",
+        help=DATA_DIR_HELP + "; WikiText-2 also comes from the Hugging Face hub when online",
+    )
+    e.add_argument("--limit", type=int, help="examples per task (documents for wikitext; default: all)")
+    e.add_argument("--batch-size", type=int, default=8, help="sequences per forward")
+    e.add_argument("--max-length", type=int, default=4096, help="context window (WikiText-2 rolling windows too)")
+    e.add_argument("--dtype", default="auto", help=DTYPE_HELP)
+    e.add_argument("--device", help=DEVICE_HELP)
+    e.add_argument(
+        "--out",
+        help="JSON file (a markdown table is written next to it; rewritten after every row; default: print JSON)",
+    )
     e.add_argument("--no-dense", action="store_true", help="only the router checkpoints (no dense base-model row)")
     e.add_argument(
         "--runtime",
@@ -417,57 +581,91 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="skip re-running WikiText-2 through lm-eval itself to confirm the native number",
     )
+    e.add_argument("--no-strict-base", action="store_true", help=_NO_STRICT_HELP)
     e.set_defaults(func=cmd_eval)
 
-    d = sub.add_parser("demo", help="SmolLM2-135M dense vs WIDE: perplexity, sparsity, a continuation")
-    d.add_argument("--routers", help="router checkpoint (default: the one shipped in checkpoints/)")
+    d = sub.add_parser(
+        "demo", formatter_class=_HelpFormatter, help="SmolLM2-135M dense vs WIDE: perplexity, sparsity, a continuation"
+    )
+    d.add_argument("--routers", type=_routers, help=ROUTERS_HELP + " (default: both shipped ones)")
     d.add_argument("--calibrate", action="store_true", help="first run a short 50%% calibration on the CPU")
-    d.add_argument("--data-dir")
-    d.add_argument("--max-tokens", type=int, default=8192, help="WikiText-2 tokens to score (CPU slice)")
-    d.add_argument("--prompt", default="The history of the city begins")
-    d.add_argument("--device")
+    d.add_argument(
+        "--data-dir",
+        help=DATA_DIR_HELP + "; without one the WikiText-2 slice packaged with wide is scored",
+    )
+    d.add_argument("--data", help="with --calibrate: " + DATA_HELP)
+    d.add_argument(
+        "--max-tokens",
+        type=int,
+        default=8192,
+        help="WikiText-2 test tokens to score (a CPU slice; more than the packaged pages hold needs a data root or "
+        "the hub)",
+    )
+    d.add_argument("--prompt", default="The history of the city begins", help="prompt of the greedy continuations")
+    d.add_argument("--device", help="torch device (default: cpu)")
     d.set_defaults(func=cmd_demo)
 
-    gn = sub.add_parser("generate", help="greedy continuation through the routed kernels (or dense), timed")
-    gn.add_argument("--model", default="smollm2-135m")
-    gn.add_argument("--routers", help="router checkpoint; without it the dense runtime runs")
-    gn.add_argument("--prompt", default="The history of the city begins")
-    gn.add_argument("--max-new-tokens", type=int, default=32)
+    gn = sub.add_parser(
+        "generate",
+        formatter_class=_HelpFormatter,
+        help="greedy continuation through the routed kernels (or dense), timed",
+    )
+    gn.add_argument("--model", default="smollm2-135m", help=MODEL_HELP)
+    gn.add_argument("--routers", type=_routers, help=ROUTERS_HELP + " (default: none, the dense runtime runs)")
+    gn.add_argument("--prompt", default="The history of the city begins", help="text to continue")
+    gn.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate (greedy)")
     gn.add_argument("--compile", action="store_true", help="torch.compile the runtime's layer step")
-    gn.add_argument("--dtype", default="auto")
-    gn.add_argument("--device")
+    gn.add_argument("--dtype", default="auto", help=DTYPE_HELP)
+    gn.add_argument("--device", help=DEVICE_HELP)
     gn.set_defaults(func=cmd_generate)
 
-    rf = sub.add_parser("refit", help="re-fit the argmax thresholds of a router checkpoint (no training)")
-    rf.add_argument("--model", default="smollm2-135m")
-    rf.add_argument("--routers", required=True)
-    rf.add_argument("--mode", choices=["kind", "router", "global", "none"], default="kind")
-    rf.add_argument("--data")
-    rf.add_argument("--data-dir")
-    rf.add_argument("--batches", type=int, default=4)
-    rf.add_argument("--batch-size", type=int, default=8)
-    rf.add_argument("--seq-len", type=int, default=2048)
-    rf.add_argument("--seed", type=int, default=1)
-    rf.add_argument("--dtype", default="auto")
-    rf.add_argument("--device")
+    rf = sub.add_parser(
+        "refit",
+        formatter_class=_HelpFormatter,
+        help="re-fit the argmax thresholds of a router checkpoint (no training)",
+    )
+    rf.add_argument("--model", default="smollm2-135m", help=MODEL_HELP)
+    rf.add_argument("--routers", required=True, type=_routers, help=ROUTERS_HELP)
+    rf.add_argument(
+        "--mode",
+        choices=["kind", "router", "global", "none"],
+        default="kind",
+        help="offsets fitted: per kind (attention / FFN), per router, one global, or none (clear them)",
+    )
+    rf.add_argument("--data", help=DATA_HELP)
+    rf.add_argument("--data-dir", help=DATA_DIR_HELP)
+    rf.add_argument("--batches", type=int, default=4, help="batches the skip rates are measured on")
+    rf.add_argument("--batch-size", type=int, default=8, help="sequences per batch")
+    rf.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence")
+    rf.add_argument("--seed", type=int, default=1, help="seed of the batch order")
+    rf.add_argument("--dtype", default="auto", help=DTYPE_HELP)
+    rf.add_argument("--device", help=DEVICE_HELP)
     rf.add_argument("--out", help="output directory (default: overwrite --routers)")
     rf.set_defaults(func=cmd_refit)
 
-    v = sub.add_parser("viz", help="routing plots: per-layer sparsity, token routing map, training curves")
-    v.add_argument("--model", default="smollm2-135m")
-    v.add_argument("--routers", required=True)
-    v.add_argument("--text", default="A boy is running on the track while the crowd cheers for him.")
+    v = sub.add_parser(
+        "viz",
+        formatter_class=_HelpFormatter,
+        help="routing plots: per-layer sparsity, token routing map, training curves",
+    )
+    v.add_argument("--model", default="smollm2-135m", help=MODEL_HELP)
+    v.add_argument("--routers", required=True, type=_routers, help=ROUTERS_HELP)
+    v.add_argument(
+        "--text",
+        default="A boy is running on the track while the crowd cheers for him.",
+        help="sentence of the token routing map",
+    )
     v.add_argument("--max-tokens", type=int, default=4096, help="WikiText-2 tokens for the layer profile")
-    v.add_argument("--data-dir")
-    v.add_argument("--dtype", default="auto")
-    v.add_argument("--device")
-    v.add_argument("--out", default="plots")
+    v.add_argument("--data-dir", help=DATA_DIR_HELP + "; else the packaged WikiText-2 slice, else the hub")
+    v.add_argument("--dtype", default="auto", help=DTYPE_HELP)
+    v.add_argument("--device", help=DEVICE_HELP)
+    v.add_argument("--out", default="plots", help="output folder for the PNGs and layer_sparsity.json")
     v.set_defaults(func=cmd_viz)
 
-    b = sub.add_parser("bench", help="GPU benchmarks")
-    b.add_argument("what", choices=["kernels", "e2e"])
-    b.add_argument("--out", default="bench/results")
-    b.add_argument("--quick", action="store_true")
+    b = sub.add_parser("bench", formatter_class=_HelpFormatter, help="GPU benchmarks")
+    b.add_argument("what", choices=["kernels", "e2e"], help="kernels: routed ops vs cuBLAS / SDPA; e2e: TTFT / TPOT")
+    b.add_argument("--out", default="bench/results", help="output folder for the JSON / markdown records")
+    b.add_argument("--quick", action="store_true", help="a few shapes only (a smoke run)")
     b.add_argument(
         "--compile", action="store_true", help="e2e: torch.compile the runtime's layer step (dense and WIDE alike)"
     )

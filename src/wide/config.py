@@ -10,6 +10,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 ROUTER_INPUTS = ("normed", "residual")
+# Methods a router checkpoint can hold (docs/baselines.md): WIDE itself, the token-wise depth baselines,
+# and the training-free width baselines (wide.baselines).
+METHODS = ("wide", "module-skip", "layer-skip", "static-width", "teal")
+SPARSITY_KINDS = ("groups", "flops")
+DISTILL = ("none", "kl", "kl+lm")
 
 
 class WideConfigError(ValueError):
@@ -71,7 +76,17 @@ class WideConfig:
     router_input: "normed" routes on the normalised hidden state entering attention / FFN,
         "residual" on the residual stream (as the authors' code does).
     module_skipping: the SkipGPT-style baseline — one decision per token for the whole attention
-        block and one for the whole FFN (group sizes are then ignored).
+        block and one for the whole FFN (group sizes are then ignored). Same as method="module-skip".
+    method: "wide", or a baseline of docs/baselines.md: "module-skip", "layer-skip" (one decision
+        per token per layer for attention + FFN together), "static-width" (fixed group masks from
+        calibration activations), "teal" (per-layer activation magnitude thresholds).
+    sparsity_kind: what the target S measures — "groups" (the fraction of routing groups skipped,
+        paper eq. 6; activations zeroed for teal) or "flops" (the fraction of the forward's FLOPs
+        removed, as `wide.accounting` counts them; shared target only).
+    distill: the calibration objective — "none" (LM loss), "kl" (KL to the frozen dense model's
+        next-token distribution instead), "kl+lm" (both).
+    seed: the routers' initialisation (`wide.train.calibrate.seeded_wide_model`; `wide calibrate
+        --seed` sets it and the data order / Gumbel noise seed alike): equal seeds, equal routers.
     """
 
     attn_group_size: int | None = None
@@ -85,10 +100,18 @@ class WideConfig:
     tau_end: float = 0.5
     router_input: Literal["normed", "residual"] = "normed"
     module_skipping: bool = False
+    method: str = "wide"
+    sparsity_kind: str = "groups"
+    distill: str = "none"
     seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # module_skipping is the older spelling of method="module-skip": keep the two in step
+        if self.module_skipping and self.method == "wide":
+            self.method = "module-skip"
+        if self.method == "module-skip":
+            self.module_skipping = True
         self.validate()
 
     # ----------------------------------------------------------------- validation
@@ -115,6 +138,16 @@ class WideConfig:
             raise WideConfigError("tau_start and tau_end must be > 0")
         if self.router_input not in ROUTER_INPUTS:
             raise WideConfigError(f"router_input must be one of {ROUTER_INPUTS}, got {self.router_input!r}")
+        if self.method not in METHODS:
+            raise WideConfigError(f"method must be one of {METHODS}, got {self.method!r}")
+        if self.module_skipping and self.method != "module-skip":
+            raise WideConfigError(f"module_skipping=True contradicts method={self.method!r}")
+        if self.sparsity_kind not in SPARSITY_KINDS:
+            raise WideConfigError(f"sparsity_kind must be one of {SPARSITY_KINDS}, got {self.sparsity_kind!r}")
+        if self.sparsity_kind == "flops" and self.separate_targets:
+            raise WideConfigError("sparsity_kind='flops' needs the shared target (sparsity), not attn/ffn_sparsity")
+        if self.distill not in DISTILL:
+            raise WideConfigError(f"distill must be one of {DISTILL}, got {self.distill!r}")
 
     @property
     def separate_targets(self) -> bool:
@@ -123,7 +156,7 @@ class WideConfig:
     def routing_shape(self, dims: ModelDims) -> RoutingShape:
         """Resolve group sizes against a model; raise with the valid choices when they do not fit."""
         hq, gqa = dims.n_q_heads, dims.gqa_group
-        if self.module_skipping:
+        if self.module_skipping or self.method == "layer-skip":  # one decision per token per block
             return RoutingShape(
                 attn_heads_per_group=hq,
                 attn_groups=1,

@@ -9,29 +9,29 @@ from pathlib import Path
 import torch
 
 from wide.model import SMOLLM2, WideModel, load_model, load_routers
+from wide.paths import resolve_routers, shipped_routers
 
-CHECKPOINTS = Path(__file__).resolve().parents[2] / "checkpoints"
-SHIPPED = ("smollm2-135m-s25", "smollm2-135m-s50")
+__all__ = ["run_demo", "shipped_routers"]
 
-
-def shipped_routers() -> list[Path]:
-    """The 25% and 50% router checkpoints this project ships for SmolLM2-135M (made on the H200)."""
-    found = [CHECKPOINTS / n for n in SHIPPED if (CHECKPOINTS / n / "wide_config.json").is_file()]
-    if not found:
-        raise FileNotFoundError(
-            f"no shipped routers under {CHECKPOINTS}; pass --routers DIR or run `wide demo --calibrate`"
-        )
-    return found
+CALIBRATION_DEFAULT = "redpajama/sample_redpajama"  # under the data root
 
 
-def _short_calibration(model, tokenizer, data_dir: str | None, out: Path) -> Path:
+def _short_calibration(model, tokenizer, data_dir: str | None, data: str | None, out: Path) -> Path:
     from wide.config import WideConfig
-    from wide.paths import data_dir as find_data
+    from wide.paths import find_data_dir
     from wide.train.calibrate import TrainConfig, calibrate
     from wide.train.data import load_calibration_data
 
-    root = find_data(data_dir)
-    ds = load_calibration_data(root / "redpajama" / "sample_redpajama", tokenizer, seq_len=256)
+    root = find_data_dir(data_dir)
+    if data is None:
+        if root is None:
+            raise FileNotFoundError(
+                "wide demo --calibrate trains on the RedPajama sample of a data folder: pass --data-dir DIR / set "
+                "WIDE_DATA, or name the text with --data (a .txt/.jsonl/.parquet file, a folder, or a Hugging "
+                "Face dataset name when online)"
+            )
+        data = str(root / CALIBRATION_DEFAULT)
+    ds = load_calibration_data(data, tokenizer, seq_len=256, data_root=root)
     wm = WideModel(model, WideConfig(sparsity=0.5))
     tc = TrainConfig(steps=40, batch_size=4, seq_len=256, lr=5e-3, log_every=5, save_every=1000, fit_batches=2)
     print(
@@ -62,36 +62,50 @@ def run_demo(
     routers: str | None = None,
     calibrate: bool = False,
     data_dir: str | None = None,
+    data: str | None = None,
     max_tokens: int = 8192,
     prompt: str = "The history of the city begins",
     device: str | None = None,
 ) -> dict:
     """Print dense vs WIDE perplexity on a WikiText-2 slice, the real sparsity and FLOP saving, and a
-    greedy continuation from each model. Returns the numbers."""
+    greedy continuation from each model. Returns the numbers.
+
+    routers: a checkpoint folder or a shipped name (default: both shipped SmolLM2-135M checkpoints).
+    data_dir: the data root (default: $WIDE_DATA / shared/data, else the WikiText-2 slice packaged with
+    `wide`). data: the text `calibrate` trains on (default: the RedPajama sample under the data root)."""
     from wide.eval.perplexity import wikitext_perplexity
 
     dev = torch.device(device or "cpu")
     t0 = time.time()
     model, tok = load_model(SMOLLM2, dtype=torch.float32, device=dev)
     if calibrate:
-        routers = str(_short_calibration(model, tok, data_dir, Path(tempfile.mkdtemp(prefix="wide-demo-"))))
-    ckpts = [Path(routers)] if routers else shipped_routers()
-    print(f"model: SmolLM2-135M (embedded GGUF, fp32, {dev}); routers: {', '.join(map(str, ckpts))}")
+        routers = str(_short_calibration(model, tok, data_dir, data, Path(tempfile.mkdtemp(prefix="wide-demo-"))))
+    ckpts = [resolve_routers(routers)] if routers else shipped_routers()
+    print(f"model: SmolLM2-135M (embedded GGUF, fp32, {dev}); routers: {', '.join(c.name for c in ckpts)}")
     print(
         f"WikiText-2 test, first {max_tokens} tokens only (a CPU slice; the README's numbers are the "
         f"full set on the H200)"
     )
 
-    def ppl(meter=None) -> dict:
+    def ppl(label: str, meter=None) -> dict:
         return wikitext_perplexity(
-            model, tok, data_dir=data_dir, max_tokens=max_tokens, max_length=2048, batch_size=1, device=dev, meter=meter
+            model,
+            tok,
+            data_dir=data_dir,
+            max_tokens=max_tokens,
+            max_length=2048,
+            batch_size=1,
+            device=dev,
+            meter=meter,
+            desc=f"{label} wikitext",
         )
 
-    results = {"dense": {"ppl": ppl(), "text": _continue(model, tok, prompt)}}
+    results = {"dense": {"ppl": ppl("dense"), "text": _continue(model, tok, prompt)}}
+    print(f"WikiText-2 pages from: {results['dense']['ppl']['source']}")
     for ckpt in ckpts:
         wm = load_routers(model, ckpt)
         wm.start_meter()
-        r = ppl(wm.meter)
+        r = ppl(ckpt.name.removeprefix("smollm2-135m-"), wm.meter)
         results[ckpt.name] = {
             "ppl": r,
             "sparsity": wm.stop_meter(),

@@ -1,4 +1,10 @@
-"""Where the offline data and caches live (configurable by flag or environment)."""
+"""Where the offline data, the packaged demo data, the shipped routers and the caches live.
+
+Data lookup (see README "Data"): the data root is ``--data-dir``, else ``$WIDE_DATA``, else a
+``shared/data`` next to the working directory or the repository; when there is one, its files are used.
+Without a data root: the WikiText-2 slice packaged with ``wide`` (the demo's tokens only), then Hugging
+Face ``datasets`` when online (cached by ``datasets``).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,13 @@ from pathlib import Path
 
 DATA_ENV = "WIDE_DATA"
 CACHE_ENV = "WIDE_CACHE"
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+# Router checkpoints shipped as package data (made on the H200; see docs/results.md).
+SHIPPED_ROUTERS = ("smollm2-135m-s25", "smollm2-135m-s50")
+# The first pages of WikiText-2's test split, as raw text (gzip): the pages `wide demo` scores plus the
+# one that ends its token budget. Attribution and provenance: src/wide/data/README.md.
+WIKITEXT_SLICE = "data/wikitext/wiki.test.demo.raw.gz"
 
 
 def _candidates() -> list[Path]:
@@ -19,6 +32,19 @@ def _candidates() -> list[Path]:
         repo / "shared" / "data",
         repo.parent / "shared" / "data",
     ]
+
+
+class _NoDataDir(FileNotFoundError):
+    """No data root configured and none found next to the working directory or the repository."""
+
+
+def find_data_dir(override: str | os.PathLike | None = None) -> Path | None:
+    """As `data_dir`, but None (instead of an error) when no flag, no $WIDE_DATA and no shared/data is found.
+    A flag or variable naming a missing folder is still an error."""
+    try:
+        return data_dir(override)
+    except _NoDataDir:
+        return None
 
 
 def data_dir(override: str | os.PathLike | None = None) -> Path:
@@ -38,7 +64,7 @@ def data_dir(override: str | os.PathLike | None = None) -> Path:
     for c in _candidates():
         if c.is_dir():
             return c
-    raise FileNotFoundError(
+    raise _NoDataDir(
         "no data directory found: pass --data-dir DIR or set WIDE_DATA=DIR to a folder laid out like "
         "shared/data (wikitext/wiki.test.raw, redpajama/, arc_easy/, ...); looked in "
         + ", ".join(str(c) for c in _candidates())
@@ -60,3 +86,40 @@ def cache_dir(sub: str = "") -> Path:
     p = root / sub if sub else root
     p.mkdir(parents=True, exist_ok=True)
     return p
+
+
+def packaged_wikitext_slice() -> Path:
+    """The gzip'd first pages of WikiText-2's test split shipped with the package (enough for `wide demo`)."""
+    p = PACKAGE_DIR / WIKITEXT_SLICE
+    if not p.is_file():
+        raise FileNotFoundError(f"packaged WikiText-2 slice {p} is missing (a broken install?)")
+    return p
+
+
+def shipped_routers_dir() -> Path:
+    """The folder holding the router checkpoints shipped with the package."""
+    return PACKAGE_DIR / "checkpoints"
+
+
+def shipped_routers() -> list[Path]:
+    """The 25% and 50% SmolLM2-135M router checkpoints shipped with the package, in SHIPPED_ROUTERS order."""
+    root = shipped_routers_dir()
+    found = [root / n for n in SHIPPED_ROUTERS if (root / n / "wide_config.json").is_file()]
+    if not found:
+        raise FileNotFoundError(f"no shipped routers under {root} (a broken install?); pass --routers DIR")
+    return found
+
+
+def resolve_routers(path_or_name: str | os.PathLike) -> Path:
+    """A router checkpoint folder: an existing path as given, else a shipped checkpoint's name
+    (e.g. "smollm2-135m-s50"). Raises FileNotFoundError naming both places."""
+    p = Path(path_or_name).expanduser()
+    if p.exists():
+        return p
+    shipped = shipped_routers_dir() / str(path_or_name)
+    if str(path_or_name) in SHIPPED_ROUTERS and shipped.is_dir():
+        return shipped
+    raise FileNotFoundError(
+        f"router checkpoint {str(path_or_name)!r} is neither a folder nor a shipped checkpoint "
+        f"({', '.join(SHIPPED_ROUTERS)})"
+    )

@@ -130,3 +130,24 @@ def test_mismatched_checkpoint_errors(tmp_path):
         load_routers(tiny_model("llama"), tmp_path / "r")
     with pytest.raises(FileNotFoundError, match="wide_config.json"):
         load_routers(tiny_model("llama"), tmp_path)
+
+
+def test_broken_checkpoint_files_name_the_file(tmp_path):
+    from wide.model.checkpoint import check_checkpoint
+
+    _, wm = _routed_model()
+    wm.save(tmp_path / "r")
+    wm.detach()
+    check_checkpoint(tmp_path / "r")
+    cfg = tmp_path / "r" / "wide_config.json"
+    good = cfg.read_text()
+    cfg.write_text(good[: len(good) // 2])
+    for fn in (check_checkpoint, lambda d: load_routers(tiny_model("llama"), d)):
+        with pytest.raises(CheckpointMismatchError, match=f"{cfg}: invalid JSON"):
+            fn(tmp_path / "r")
+    cfg.write_text(good)
+    weights = tmp_path / "r" / "routers.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-10])
+    for fn in (check_checkpoint, lambda d: load_routers(tiny_model("llama"), d)):
+        with pytest.raises(CheckpointMismatchError, match=f"{weights} is truncated"):
+            fn(tmp_path / "r")

@@ -74,16 +74,16 @@ def test_interrupted_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
     ds = _dataset()
     with pytest.raises(Killed):  # killed in step 3: checkpoint-2 is the latest
         calibrate(_wm(), KillAfter(ds, 2), TrainConfig(**TC), tmp_path, progress=False)
-    real_save = cal.torch.save
+    real_write = cal.write_state
 
-    def dying_save(obj, path, *a, **k):  # killed in the middle of writing checkpoint-4
-        real_save(obj, path, *a, **k)
+    def dying_write(path, *a, **k):  # killed in the middle of writing checkpoint-4
+        real_write(path, *a, **k)
         raise Killed
 
-    monkeypatch.setattr(cal.torch, "save", dying_save)
+    monkeypatch.setattr(cal, "write_state", dying_write)
     with pytest.raises(Killed):
         calibrate(_wm(), ds, TrainConfig(**TC), tmp_path, resume=True, progress=False)
-    monkeypatch.setattr(cal.torch, "save", real_save)
+    monkeypatch.setattr(cal, "write_state", real_write)
     ck = latest_checkpoint(tmp_path)
     assert ck is not None and ck.name == "checkpoint-2"
     calibrate(_wm(), ds, TrainConfig(**TC), tmp_path, resume=True, progress=False)

@@ -158,6 +158,39 @@ def test_error_empty_result(tmp_path):
         load_texts(f)
 
 
+def test_error_random_bytes_txt(tmp_path):
+    f = tmp_path / "noise.txt"
+    f.write_bytes(
+        torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(0)).to(torch.uint8).numpy().tobytes()
+    )
+    with pytest.raises(DataError, match=f"{f}: not UTF-8 text"):
+        load_texts(f)
+
+
+def test_error_binary_that_decodes_as_utf8(tmp_path):
+    f = tmp_path / "blob.txt"
+    f.write_bytes(bytes(range(32)) * 64 + b"some words")  # ASCII control bytes: valid UTF-8, not text
+    with pytest.raises(DataError, match=f"{f}: looks like binary data"):
+        load_texts(f)
+    ok = tmp_path / "ok.txt"
+    ok.write_text("caf\u00e9 na\u00efve \u4e2d\u6587\tcol\r\nline\f\n", encoding="utf-8")  # BOM-less UTF-8
+    assert load_texts(ok) == [ok.read_text(encoding="utf-8")]  # newlines as read_text translates them
+    bom = tmp_path / "bom.txt"
+    bom.write_bytes(b"\xef\xbb\xbfhello")
+    assert load_texts(bom) == ["hello"]
+
+
+def test_error_invalid_utf8_jsonl_names_file_and_line(tmp_path):
+    f = tmp_path / "d.jsonl"
+    f.write_bytes(b'{"text": "fine"}\n{"text": "also fine"}\n{"text": "bad \xff\xfe byte"}\n')
+    with pytest.raises(DataError, match=f"{f}:3: not UTF-8 text"):
+        load_texts(f)
+    j = tmp_path / "d.json"
+    j.write_bytes(b'[{"text": "bad \xc3\x28"}]')
+    with pytest.raises(DataError, match=f"{j}: not UTF-8 text"):
+        load_texts(j)
+
+
 def test_error_hub_unreachable(monkeypatch):
     import datasets
 

@@ -70,7 +70,7 @@ def test_two_ranks_train_identical_routers(tmp_path):
     assert [json.loads(x)["step"] for x in logs] == [1, 2, 3, 4]  # one writer
     meta = json.loads((out / "wide_config.json").read_text())
     assert meta["training"]["world_size"] == 2
-    assert (out / "checkpoint-2" / "rng_rank1.pt").is_file()
+    assert (out / "checkpoint-2" / "rng_rank1.safetensors").is_file()
     assert os.path.isfile(out / "routers.safetensors")
 
 

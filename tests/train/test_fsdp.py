@@ -113,10 +113,12 @@ def _global_terms_grads(rank: int) -> dict[str, torch.Tensor]:
 
     a, f, lm, labels, mask, _ = _terms_inputs(rank)
     a, f, lm = a.requires_grad_(), f.requires_grad_(), lm.requires_grad_()
-    lm2, a2, f2 = global_batch_terms(lm, a, f, labels, mask)
+    extra = lm.detach() * 3  # a second per-label-token mean (the logged LM loss beside a distillation objective)
+    lm2, a2, f2, extra2 = global_batch_terms(lm, a, f, labels, mask, extra)
     sl = sparsity_loss(a2, f2, WideConfig(**CFG))
     (lm2 + sl).backward()
-    return {"lm_w": lm2.detach(), "sparsity": sl.detach(), "a": a.grad, "f": f.grad, "lm": lm.grad}
+    out = {"lm_w": lm2.detach(), "sparsity": sl.detach(), "a": a.grad, "f": f.grad, "lm": lm.grad}
+    return {**out, "extra_w": extra2}
 
 
 def _check_global_terms(r0: dict, r1: dict) -> None:
@@ -138,6 +140,7 @@ def _check_global_terms(r0: dict, r1: dict) -> None:
         torch.testing.assert_close(r["f"] / 2, ffn.grad[rank])
         torch.testing.assert_close(r["lm"] / 2, lm.grad[rank])
     torch.testing.assert_close((r0["lm_w"] + r1["lm_w"]) / 2, lm_glob.detach())
+    torch.testing.assert_close((r0["extra_w"] + r1["extra_w"]) / 2, 3 * lm_glob.detach())
 
 
 def _close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], what: str) -> None:

@@ -63,7 +63,8 @@ def load_routed(
     strict_base: bool = True,
 ):
     """(model, tokenizer, wide_model or None): base model on device, LoRA merged, routers attached."""
-    from wide.model import WideModel, load_model
+    from wide.baselines import load as load_method
+    from wide.model import load_model
 
     model, tok = load_model(pretrained, dtype=parse_dtype(dtype), device=device or default_device())
     wm = None
@@ -78,7 +79,7 @@ def load_routed(
             model = PeftModel.from_pretrained(model, str(rdir)).merge_and_unload()
             if wide_id is not None:
                 model.config.wide_model_id = wide_id
-        wm = WideModel.from_pretrained(model, str(rdir), strict_base=strict_base)
+        wm = load_method(model, str(rdir), strict_base=strict_base)  # any method of wide.baselines
         wm.eval()
     return model, tok, wm
 

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from wide.eval.tasks import data_path, wikitext_pages
+from wide.eval.tasks import wikitext_test_pages
 
 
 def prefix_token_id(tokenizer) -> int:
@@ -106,32 +106,44 @@ def wikitext_perplexity(
     max_tokens: int | None = None,
     device: torch.device | str | None = None,
     meter=None,
+    desc: str = "wikitext",
 ) -> dict:
     """WikiText-2 test perplexity as lm-eval's `wikitext` task computes it.
 
     limit_docs: only the first N of the 62 documents (CPU slices). max_tokens: stop adding documents
     once this many tokens are scored (at least one document; a lone longer document is cut, and then
     only token perplexity is reported). Returns word_perplexity, byte_perplexity, bits_per_byte,
-    token_perplexity, and the counts they come from."""
+    token_perplexity, the counts they come from, and `source` (data root, packaged slice or hub; see
+    `tasks.wikitext_test_pages`). desc: the progress bar's label (what is being scored)."""
     from lm_eval.tasks.wikitext.preprocess_wikitext import wikitext_detokenizer
 
-    pages = wikitext_pages(data_path("wikitext", 0, data_dir).read_text(encoding="utf-8"))
-    if limit_docs is not None:
-        pages = pages[:limit_docs]
     prefix = prefix_token_id(tokenizer)
-    windows, owner, words, nbytes, ntok, truncated = [], [], 0, 0, 0, False
-    for d, page in enumerate(pages):
-        toks = encode_like_hflm(tokenizer, wikitext_detokenizer({"page": page}))
-        if max_tokens is not None and ntok + len(toks) > max_tokens:
-            if d > 0:
-                break
-            toks, truncated = toks[:max_tokens], True
-        ntok += len(toks)
-        words += len(re.split(r"\s+", page))
-        nbytes += len(page.encode("utf-8"))
-        for w in rolling_windows(toks, prefix, max_length):
-            windows.append(w)
-            owner.append(d)
+
+    def windows_of(pages: list[str]) -> tuple[list, list, int, int, int, bool, bool]:
+        """(windows, owner, words, bytes, tokens, truncated, complete): complete is False when the
+        pages ran out before `limit_docs` / `max_tokens` said where to stop."""
+        windows, owner, words, nbytes, ntok, truncated = [], [], 0, 0, 0, False
+        for d, page in enumerate(pages[:limit_docs] if limit_docs is not None else pages):
+            toks = encode_like_hflm(tokenizer, wikitext_detokenizer({"page": page}))
+            if max_tokens is not None and ntok + len(toks) > max_tokens:
+                if d > 0:
+                    return windows, owner, words, nbytes, ntok, truncated, True
+                toks, truncated = toks[:max_tokens], True
+            ntok += len(toks)
+            words += len(re.split(r"\s+", page))
+            nbytes += len(page.encode("utf-8"))
+            for w in rolling_windows(toks, prefix, max_length):
+                windows.append(w)
+                owner.append(d)
+        return windows, owner, words, nbytes, ntok, truncated, limit_docs is not None and limit_docs <= len(pages)
+
+    # A slice of the test set may come from the pages packaged with `wide` when no data root holds the
+    # full file; if the slice ends before the requested budget does, the full set is read instead.
+    pages, source = wikitext_test_pages(data_dir, allow_slice=max_tokens is not None or limit_docs is not None)
+    windows, owner, words, nbytes, ntok, truncated, complete = windows_of(pages)
+    if source == "packaged slice" and not complete:
+        pages, source = wikitext_test_pages(data_dir)
+        windows, owner, words, nbytes, ntok, truncated, _ = windows_of(pages)
     n_docs = max(owner) + 1 if owner else 0
     lls = window_loglikelihoods(
         model,
@@ -140,7 +152,7 @@ def wikitext_perplexity(
         batch_size=batch_size,
         device=device,
         meter=meter,
-        desc="wikitext",
+        desc=desc,
     )
     ll = sum(lls)
     res = {
@@ -151,6 +163,7 @@ def wikitext_perplexity(
         "token_perplexity": math.exp(-ll / ntok) if ntok else float("nan"),
         "max_length": max_length,
         "truncated": truncated,
+        "source": source,
     }
     if truncated:
         res.update(words=None, bytes=None, word_perplexity=None, byte_perplexity=None, bits_per_byte=None)

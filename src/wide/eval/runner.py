@@ -49,11 +49,16 @@ def _eval_tasks(tasks: str | list[str]) -> tuple[list[str], bool]:
 
 
 def _check_data(tasks: list[str], wikitext: bool, data_dir) -> None:
-    from wide.eval.tasks import DATA_FILES
+    from wide.eval.tasks import DATA_FILES, find_data_dir, wikitext_test_pages
 
-    for t in tasks + (["wikitext"] if wikitext else []):
-        for i in range(len(DATA_FILES[t])):
-            data_path(t, i, data_dir)
+    if tasks and find_data_dir(data_dir) is None:
+        log.warning("no data root (WIDE_DATA / --data-dir): lm-eval loads %s from the hub (online)", ", ".join(tasks))
+    elif tasks:
+        for t in tasks:
+            for i in range(len(DATA_FILES[t])):
+                data_path(t, i, data_dir)
+    if wikitext:  # the data root's file, else the hub (fails here, before any model loads)
+        wikitext_test_pages(data_dir)
 
 
 def _lm_eval_scores(results: dict, tasks: list[str]) -> dict:
@@ -82,7 +87,19 @@ def _combine(parts: list[dict]) -> dict:
 
 
 def _evaluate_one(
-    lm, wm, tasks, wikitext, *, task_dir, limit, batch_size, max_length, ppl_max_length, data_dir, check_wikitext
+    lm,
+    wm,
+    tasks,
+    wikitext,
+    *,
+    task_dir,
+    limit,
+    batch_size,
+    max_length,
+    ppl_max_length,
+    data_dir,
+    check_wikitext,
+    label: str = "",
 ) -> dict:
     from lm_eval import simple_evaluate
 
@@ -121,6 +138,7 @@ def _evaluate_one(
             batch_size=batch_size,
             limit_docs=limit,
             meter=wm.meter if wm is not None else None,
+            desc=f"{label} wikitext".strip(),  # the progress bar names the row it scores
         )
         if wm is not None:
             row["sparsity"]["wikitext"] = wm.meter.summary()
@@ -185,6 +203,7 @@ def run_eval(
     out: path prefix; writes out.json and out.md (a directory gets results.json / results.md)."""
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from wide.baselines import load as load_method
     from wide.eval.lm_eval_model import WideLM, default_device, load_routed, parse_dtype
     from wide.model import WideModel
 
@@ -203,7 +222,7 @@ def run_eval(
     lm_kwargs = dict(max_length=max_length, batch_size=batch_size, softmax_dtype=softmax_dtype)
     rows: dict[str, dict] = {}
 
-    def evaluate(lm, wm) -> dict:
+    def evaluate(lm, wm, label: str) -> dict:
         return _evaluate_one(
             lm,
             wm,
@@ -216,6 +235,7 @@ def run_eval(
             ppl_max_length=ppl_max_length,
             data_dir=data_dir,
             check_wikitext=check_wikitext,
+            label=label,
         )
 
     def result_of(rows: dict) -> dict:
@@ -240,7 +260,7 @@ def run_eval(
             "wall_seconds": time.time() - t_start,
             "env": _env(),
         }
-        _summarise(res)
+        summarise(res)
         res["markdown"] = to_markdown(res)
         if out:  # after every row: an interrupted run keeps the rows it finished
             write_outputs(res, out)
@@ -253,6 +273,8 @@ def run_eval(
         from wide.eval.lm_eval_model import RuntimeLM, RuntimeScorer
         from wide.runtime import WideRuntime
 
+        if wm is not None and wm.config.method in ("layer-skip", "teal"):
+            raise ValueError(f"--runtime serves per-group routers; {kw.get('routers')} holds {wm.config.method}")
         carrier = wm if wm is not None else WideModel(m, WideConfig())  # dense: routers unused
         rt = WideRuntime(carrier, max_batch=batch_size, max_seq=max(max_length, ppl_max_length), routed=wm is not None)
         if wm is None:
@@ -262,7 +284,7 @@ def run_eval(
         return lm
 
     if dense:
-        rows["dense"] = evaluate(make_lm(base, None), None)
+        rows["dense"] = evaluate(make_lm(base, None), None, "dense")
         if routers:  # the last row's write is the final one below
             result_of(rows)
     for i, r in enumerate(routers):
@@ -274,12 +296,13 @@ def run_eval(
             m.config.wide_model_id = getattr(base.config, "wide_model_id", None)
         else:
             m = base
-        wm = WideModel.from_pretrained(m, r, strict_base=strict_base).eval()
+        wm = load_method(m, r, strict_base=strict_base).eval()  # any method of wide.baselines
         try:
-            row = evaluate(make_lm(m, wm, routers=r), wm)
+            row = evaluate(make_lm(m, wm, routers=r), wm, Path(r).name)
         finally:
             wm.detach()
         row["config"] = wm.config.to_dict()
+        row["method"] = wm.config.method
         row["base_model"] = wm.base_model_id
         row["load_seconds"] = time.time() - t0 - row.get("tasks_seconds", 0) - row.get("wikitext_seconds", 0)
         rows[r] = row
@@ -289,7 +312,7 @@ def run_eval(
     return result
 
 
-def _summarise(result: dict) -> None:
+def summarise(result: dict) -> None:
     """Average over the tasks and retention vs dense per row (in place)."""
     dense = result["rows"].get("dense")
     for row in result["rows"].values():

@@ -6,12 +6,13 @@ below), written as JSONL, and a YAML config that `include`s lm-eval's built-in Y
 `dataset_path: json` at it. The tasks are named `offline_<task>` and tagged `wide_offline`.
 
 HellaSwag is approximate (llama.cpp's text format, see `hellaswag_docs`); all other tasks carry the
-same data as lm-eval's hub datasets.
+same data as lm-eval's hub datasets. Without any data root a task keeps its hub dataset (online).
 """
 
 from __future__ import annotations
 
 import bz2
+import gzip
 import json
 import re
 import tempfile
@@ -19,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from wide.paths import data_dir as _data_root
+from wide.paths import find_data_dir, packaged_wikitext_slice
 
 # The seven zero-shot tasks of the paper's Table 1, in its column order, and the metric it reports.
 ZERO_SHOT_TASKS = ("arc_easy", "arc_challenge", "boolq", "winogrande", "piqa", "openbookqa", "hellaswag")
@@ -224,6 +226,37 @@ def wikitext_pages(text: str) -> list[str]:
     return pages
 
 
+# The hub dataset lm-eval's `wikitext` task reads: the same pages as `wikitext_pages(wiki.test.raw)`.
+WIKITEXT_HUB = ("EleutherAI/wikitext_document_level", "wikitext-2-raw-v1", "test")
+
+
+def wikitext_test_pages(data_dir: str | Path | None = None, *, allow_slice: bool = False) -> tuple[list[str], str]:
+    """(pages of WikiText-2's test split, where they came from: "data root", "packaged slice" or "hub").
+
+    Lookup: wikitext/wiki.test.raw under the data root (flag, $WIDE_DATA, shared/data; a root without
+    that file is an error naming it); with no data root, the first pages packaged with `wide` when
+    `allow_slice` (a caller that needs more pages than the slice holds must call again without it); else
+    `datasets.load_dataset(WIKITEXT_HUB)` (online, cached by `datasets`). FileNotFoundError when none is
+    available."""
+    if find_data_dir(data_dir) is not None:
+        return wikitext_pages(data_path("wikitext", 0, data_dir).read_text(encoding="utf-8")), "data root"
+    if allow_slice:
+        with gzip.open(packaged_wikitext_slice(), "rt", encoding="utf-8") as f:
+            return wikitext_pages(f.read()), "packaged slice"
+    try:
+        import datasets
+
+        name, config, split = WIKITEXT_HUB
+        pages = list(datasets.load_dataset(name, config, split=split)["page"])
+    except Exception as e:  # offline, hub unreachable, datasets missing: all surface the same way
+        raise FileNotFoundError(
+            "WikiText-2 test set not found: no data root (set WIDE_DATA or --data-dir), and loading "
+            f"{WIKITEXT_HUB[0]} ({WIKITEXT_HUB[1]}) "
+            f"from the Hugging Face hub failed ({type(e).__name__}: {e})"
+        ) from e
+    return pages, "hub"
+
+
 def wikitext_docs(path: Path) -> list[dict]:
     """EleutherAI/wikitext_document_level fields: page."""
     return [{"page": p} for p in wikitext_pages(path.read_text(encoding="utf-8"))]
@@ -244,6 +277,8 @@ _BUILDERS = {
 def build_docs(task: str, data_dir: str | Path | None = None) -> list[dict]:
     """The hub-format documents of `task`, rebuilt from the local files."""
     (task,) = resolve_tasks([task])
+    if task == "wikitext":  # also from the hub when no data root holds it
+        return [{"page": p} for p in wikitext_test_pages(data_dir)[0]]
     paths = [data_path(task, i, data_dir) for i in range(len(DATA_FILES[task]))]
     return _BUILDERS[task](*paths)
 
@@ -285,10 +320,16 @@ def write_task_dir(
     out_dir: str | Path | None = None,
 ) -> Path:
     """Write `offline_<task>` configs (+ their JSONL docs) into out_dir (a new temp dir by default)
-    and return it: pass it to lm-eval as `include_path` / `--include_path`."""
+    and return it: pass it to lm-eval as `include_path` / `--include_path`. With no data root at all a
+    task keeps lm-eval's hub dataset (loaded online, cached by `datasets`); a data root that lacks a
+    task's file is an error naming it."""
     out = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="wide-tasks-"))
     out.mkdir(parents=True, exist_ok=True)
     for task in resolve_tasks(list(tasks)):
+        if find_data_dir(data_dir) is None:  # no data root: lm-eval's own config, its hub dataset (online)
+            cfg = {"include": str(builtin_yaml(task)), "task": OFFLINE_PREFIX + task, "tag": [OFFLINE_TAG]}
+            (out / f"{OFFLINE_PREFIX}{task}.yaml").write_text(json.dumps(cfg, indent=1), encoding="utf-8")
+            continue
         docs = build_docs(task, data_dir)
         docs_file = (out / f"{task}.jsonl").resolve()
         with docs_file.open("w", encoding="utf-8") as f:

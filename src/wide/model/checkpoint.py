@@ -96,18 +96,69 @@ def save_routers(wm, out_dir: str | Path, *, training: dict | None = None) -> Pa
     return out
 
 
+def load_tensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of a safetensors file; a one-line CheckpointMismatchError naming the file when it
+    is truncated or not a safetensors file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing")
+    try:
+        return load_file(str(path))
+    except Exception as e:  # safetensors' SafetensorError: a truncated or foreign file
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CheckpointMismatchError(f"{path} is truncated or not a safetensors file ({msg})") from None
+
+
+def check_checkpoint(ckpt_dir: str | Path) -> dict:
+    """Cheap validation of a router checkpoint before any model is loaded: wide_config.json parses and
+    routers.safetensors (and a LoRA adapter, if any) has a complete safetensors layout. Returns the meta."""
+    from safetensors import safe_open
+
+    d = Path(ckpt_dir)
+    if not d.is_dir():
+        raise FileNotFoundError(f"router checkpoint {d} does not exist")
+    meta = read_checkpoint_meta(d)
+    names = [WEIGHTS_NAME] + (["adapter_model.safetensors"] if (d / "adapter_config.json").is_file() else [])
+    for name in names:
+        path = d / name
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing")
+        try:
+            with safe_open(str(path), framework="pt"):
+                pass
+        except Exception as e:
+            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise CheckpointMismatchError(f"{path} is truncated or not a safetensors file ({msg})") from None
+    return meta
+
+
 def read_checkpoint_meta(ckpt_dir: str | Path) -> dict:
     d = Path(ckpt_dir)
     cfg = d / CONFIG_NAME
     if not cfg.is_file():
         raise FileNotFoundError(f"{d} is not a WIDE router checkpoint: {CONFIG_NAME} is missing")
-    meta = json.loads(cfg.read_text())
+    try:
+        meta = json.loads(cfg.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        where = f" at line {e.lineno}" if isinstance(e, json.JSONDecodeError) else ""
+        msg = e.msg if isinstance(e, json.JSONDecodeError) else "not UTF-8"
+        raise CheckpointMismatchError(f"{cfg}: invalid JSON ({msg}{where})") from None
+    if not isinstance(meta, dict):
+        raise CheckpointMismatchError(f"{cfg}: expected a JSON object, got {type(meta).__name__}")
     if meta.get("format") != FORMAT:
         raise CheckpointMismatchError(f"{cfg} is not a {FORMAT} file (format={meta.get('format')!r})")
     if meta.get("format_version", 0) > FORMAT_VERSION:
         raise CheckpointMismatchError(
             f"{cfg} has format_version {meta['format_version']}, newer than this wide ({FORMAT_VERSION})"
         )
+    for key in ("model_dims", "config"):
+        if not isinstance(meta.get(key), dict):
+            raise CheckpointMismatchError(f"{cfg}: the {key!r} entry is missing or not an object")
+    try:
+        ModelDims(**meta["model_dims"])
+        WideConfig.from_dict(meta["config"])
+    except (TypeError, ValueError) as e:
+        raise CheckpointMismatchError(f"{cfg}: {e}") from None
     return meta
 
 
@@ -135,11 +186,11 @@ def load_routers(model: nn.Module, ckpt_dir: str | Path, *, strict_base: bool = 
     if strict_base and model_id and meta.get("base_model") and model_id != meta["base_model"]:
         raise CheckpointMismatchError(
             f"checkpoint {ckpt_dir} was calibrated on {meta['base_model']!r}, not {model_id!r} "
-            "(pass strict_base=False / --no-strict-base to load anyway)"
+            "(pass --no-strict-base to `wide eval` / `wide finetune`, or strict_base=False, to load anyway)"
         )
     config = WideConfig.from_dict(meta["config"])
+    state = load_tensors(Path(ckpt_dir) / WEIGHTS_NAME)  # before any hook is attached
     wm = WideModel(model, config, base_model_id=meta.get("base_model"))
-    state = load_file(str(Path(ckpt_dir) / WEIGHTS_NAME))
     own = wm.routers.state_dict()
     missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
     bad = [

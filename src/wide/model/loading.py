@@ -39,22 +39,130 @@ def resolve_model_id(name: str) -> str:
     return SMOLLM2 if name.lower() == SMOLLM2 else name
 
 
+# GGUF `general.architecture` -> transformers model_type, for the families WIDE routes.
+GGUF_FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
+_GGUF_SCALARS = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # value type -> bytes
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+
+
+def gguf_architecture(path: str | Path) -> str:
+    """`general.architecture` of a GGUF file, read from its header (no tensor is touched)."""
+    import struct
+
+    path = Path(path)
+
+    def read(f, n: int) -> bytes:
+        b = f.read(n)
+        if len(b) != n:
+            raise ValueError(f"{path} is truncated or not a GGUF file")
+        return b
+
+    def string(f) -> str:
+        (n,) = struct.unpack("<Q", read(f, 8))
+        return read(f, n).decode("utf-8", errors="replace")
+
+    def skip(f, vtype: int) -> None:
+        if vtype == _GGUF_STRING:
+            f.seek(struct.unpack("<Q", read(f, 8))[0], 1)
+        elif vtype == _GGUF_ARRAY:
+            etype, count = struct.unpack("<IQ", read(f, 12))
+            if etype in _GGUF_SCALARS:
+                f.seek(_GGUF_SCALARS[etype] * count, 1)
+            else:
+                for _ in range(count):
+                    skip(f, etype)
+        elif vtype in _GGUF_SCALARS:
+            f.seek(_GGUF_SCALARS[vtype], 1)
+        else:
+            raise ValueError(f"{path}: unknown GGUF value type {vtype}")
+
+    with path.open("rb") as f:
+        if read(f, 4) != b"GGUF":
+            raise ValueError(f"{path} is not a GGUF file (no GGUF magic)")
+        version, _, n_kv = struct.unpack("<IQQ", read(f, 20))
+        if version < 2:
+            raise ValueError(f"{path}: GGUF version {version} is not supported")
+        for _ in range(n_kv):
+            key = string(f)
+            (vtype,) = struct.unpack("<I", read(f, 4))
+            if key == "general.architecture" and vtype == _GGUF_STRING:
+                return string(f)
+            skip(f, vtype)
+    raise ValueError(f"{path}: GGUF header has no general.architecture")
+
+
+def check_family(model_type: str | None, source: str | Path) -> None:
+    """The error WideModel gives for an unsupported architecture, raised before any weight loads."""
+    from wide.model.wide_model import SUPPORTED_FAMILIES, UnsupportedModelError
+
+    if model_type not in SUPPORTED_FAMILIES:
+        raise UnsupportedModelError(
+            f"{source}: unsupported architecture {model_type!r}: WIDE routes {', '.join(SUPPORTED_FAMILIES)} models"
+        )
+
+
+def resolve_source(name: str) -> tuple[str, dict]:
+    """(what transformers loads, extra from_pretrained kwargs) for --model, after checking that its
+    architecture is one WIDE routes: the embedded alias, a .gguf file, a local directory (config.json,
+    or a single .gguf inside), or a hub id."""
+    import json
+
+    gguf: Path | None = None
+    path = Path(name).expanduser()
+    if name.lower() == SMOLLM2:
+        gguf = smollm2_gguf_path()
+    elif name.lower().endswith(".gguf"):
+        if not path.is_file():
+            raise FileNotFoundError(f"--model {name}: no such GGUF file")
+        gguf = path
+    elif path.is_dir():
+        cfg = path / "config.json"
+        ggufs = sorted(path.glob("*.gguf"))
+        if not cfg.is_file() and len(ggufs) == 1:
+            gguf = ggufs[0]
+        elif not cfg.is_file():
+            raise FileNotFoundError(
+                f"--model {name}: the directory has no config.json (a Hugging Face model) and "
+                f"{len(ggufs)} .gguf files (one is needed)"
+            )
+        else:
+            try:
+                model_type = json.loads(cfg.read_text(encoding="utf-8")).get("model_type")
+            except (ValueError, AttributeError) as e:
+                raise ValueError(f"{cfg}: not a valid model config ({e})") from None
+            check_family(model_type, path)
+            return str(path), {}
+    elif path.is_file():
+        raise ValueError(f"--model {name}: a model file must be a .gguf; otherwise pass a Hugging Face model directory")
+    elif name.startswith((".", "/", "~")) or name.count("/") > 1:
+        raise FileNotFoundError(f"--model {name}: no such file or directory")
+    if gguf is not None:
+        arch = gguf_architecture(gguf)
+        check_family(GGUF_FAMILIES.get(arch, arch), gguf)
+        return str(gguf.parent), {"gguf_file": gguf.name}
+    from transformers import AutoConfig  # a hub id: its config is small
+
+    try:
+        config = AutoConfig.from_pretrained(name)
+    except OSError as e:  # offline, unknown id, no access
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise FileNotFoundError(f"--model {name}: not a local path, and the hub could not provide it ({msg})") from None
+    check_family(getattr(config, "model_type", None), name)
+    return name, {}
+
+
 def load_model(
     name: str = SMOLLM2,
     *,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
 ):
-    """Return (model, tokenizer). `smollm2-135m` is the embedded default; anything else is a local
-    path or a hub id passed to transformers' Auto classes."""
+    """Return (model, tokenizer). `smollm2-135m` is the embedded default; anything else is a .gguf
+    file, a local directory or a hub id (see resolve_source). An architecture WIDE does not route
+    fails before any weight is read."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    kwargs: dict = {}
-    if name.lower() == SMOLLM2:
-        gguf = smollm2_gguf_path()
-        src, kwargs["gguf_file"] = str(gguf.parent), gguf.name
-    else:
-        src = name
+    src, kwargs = resolve_source(name)
     tokenizer = AutoTokenizer.from_pretrained(src, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, **kwargs)
     model.to(device)

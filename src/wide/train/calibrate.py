@@ -6,14 +6,22 @@ every `save_every` steps and `resume=True` continues bit-for-bit (routers, optim
 step, data position, RNG). After the last step the per-router skip offsets are fitted so that
 argmax routing skips at the rate the model was trained under (Gumbel-time rate), closing the
 Gumbel/argmax gap.
+
+Run directory (``out_dir``): ``wide_run.json`` (the run manifest: the checkpoints this run wrote;
+pruning touches only those), ``checkpoint-{step}/`` (routers + ``trainer_state.safetensors``: tensors
+plus a JSON header, never a pickle), ``latest``, ``train_log.jsonl`` and the final routers. A fresh
+run refuses a non-empty directory unless ``overwrite``; ``resume`` refuses any change of a setting
+that shapes training (see ``check_out_dir``).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import shutil
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,9 +31,8 @@ import torch
 from tqdm.auto import tqdm
 
 from wide.config import WideConfig
-from wide.model.checkpoint import atomic_write_bytes, save_routers
+from wide.model.checkpoint import CONFIG_NAME, WEIGHTS_NAME, atomic_write_bytes, load_tensors, save_routers
 from wide.model.wide_model import WideModel
-from wide.routing import sparsity_loss
 from wide.train.distributed import all_reduce_mean_, barrier, broadcast_, global_batch_terms, rank_seed, shard
 from wide.train.distributed import world as dist_world
 from wide.train.fsdp import (
@@ -38,11 +45,32 @@ from wide.train.fsdp import (
     perf_fields,
     prepare_model,
 )
-from wide.train.loss import chunked_lm_loss
+from wide.train.losses import model_flop_weights, routing_sparsity_loss, task_loss, teacher_hidden
 from wide.train.threshold_fit import FIT_MODES, fit_thresholds
 
-STATE_NAME = "trainer_state.pt"
+STATE_NAME = "trainer_state.safetensors"  # tensors + a JSON header (safetensors metadata): no pickle
+LEGACY_STATE_NAME = "trainer_state.pt"  # written by older versions as a pickle: never loaded
+STATE_FORMAT = "wide-trainer-state"
+STATE_VERSION = 1
 LATEST = "latest"
+LOG_NAME = "train_log.jsonl"
+MANIFEST_NAME = "wide_run.json"
+MANIFEST_FORMAT = "wide-run"
+# TrainConfig fields that may change on --resume: they do not shape the training trajectory.
+# parallel (replica / fsdp, activation checkpointing, CPU offload) is a layout, not a setting of the
+# training: a run may resume in another layout and on another number of ranks (docs/training.md).
+RESUME_MAY_CHANGE = frozenset(
+    {
+        "log_every",
+        "save_every",
+        "keep_checkpoints",
+        "compile",
+        "fit_mode",
+        "fit_batches",
+        "loss_chunk_tokens",
+        "parallel",
+    }
+)
 
 
 @dataclass
@@ -74,9 +102,23 @@ class TrainConfig:
             raise ValueError("--compile cannot be combined with --parallel fsdp or --activation-checkpointing")
         if self.fit_mode not in FIT_MODES:
             raise ValueError(f"fit_mode must be one of {FIT_MODES}, got {self.fit_mode!r}")
-        for name in ("steps", "batch_size", "grad_accum", "seq_len", "log_every", "save_every"):
+        for name in ("steps", "batch_size", "grad_accum", "seq_len", "log_every", "save_every", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a positive number, got {self.lr}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if not 0.0 <= self.warmup_frac <= 1.0:
+            raise ValueError(f"warmup_frac must be in [0, 1], got {self.warmup_frac}")
+        if not self.max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm must be > 0, got {self.max_grad_norm}")
+        if self.fit_batches < 1 and self.fit_mode != "none":
+            raise ValueError(f"fit_batches must be >= 1, got {self.fit_batches}")
+        if self.loss_chunk_tokens < 0:
+            raise ValueError(f"loss_chunk_tokens must be >= 0, got {self.loss_chunk_tokens}")
+        if self.data_mode not in ("packed", "padded"):
+            raise ValueError(f"data_mode must be 'packed' or 'padded', got {self.data_mode!r}")
 
 
 def autocast_dtype(device: torch.device) -> torch.dtype | None:
@@ -137,6 +179,285 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def seeded_wide_model(model: torch.nn.Module, config: WideConfig, **kwargs) -> WideModel:
+    """WideModel whose routers are initialised from ``config.seed``: the same seed gives bit-identical
+    routers (the router initialisation draws from the global torch generator)."""
+    seed_everything(config.seed)
+    return WideModel(model, config, **kwargs)
+
+
+def rng_to_portable(s: dict) -> tuple[dict[str, torch.Tensor], dict]:
+    """An rng_state() as (tensors, JSON-able dict): torch / CUDA generator bytes as uint8 tensors,
+    Python's Mersenne Twister as its 625 ints, numpy's as its 624 keys plus position and Gaussian cache."""
+    tensors = {"rng.torch": s["torch"]}
+    for i, c in enumerate(s.get("cuda", [])):
+        tensors[f"rng.cuda.{i}"] = c
+    version, mt, gauss = s["python"]
+    name, keys, pos, has_gauss, cached = s["numpy"]
+    js = {
+        "python": {"version": version, "state": list(mt), "gauss_next": gauss},
+        "numpy": {"name": name, "keys": [int(k) for k in keys], "pos": int(pos), "has_gauss": int(has_gauss)},
+        "n_cuda": len(s.get("cuda", [])),
+    }
+    js["numpy"]["cached_gaussian"] = float(cached)
+    return tensors, js
+
+
+def rng_from_portable(tensors: dict[str, torch.Tensor], js: dict) -> dict:
+    """Inverse of rng_to_portable (KeyError / TypeError / ValueError on a malformed state)."""
+    py, npy = js["python"], js["numpy"]
+    if len(py["state"]) != 625 or len(npy["keys"]) != 624:
+        raise ValueError("RNG state of the wrong length")
+    s = {
+        "torch": tensors["rng.torch"],
+        "python": (int(py["version"]), tuple(int(x) for x in py["state"]), py["gauss_next"]),
+        "numpy": (
+            str(npy["name"]),
+            np.asarray(npy["keys"], dtype=np.uint32),
+            int(npy["pos"]),
+            int(npy["has_gauss"]),
+            float(npy["cached_gaussian"]),
+        ),
+    }
+    if js.get("n_cuda"):
+        s["cuda"] = [tensors[f"rng.cuda.{i}"] for i in range(int(js["n_cuda"]))]
+    return s
+
+
+# -------------------------------------------------------------- trainer state files
+def write_state(path: Path, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+    """tensors + a JSON header in one safetensors file, written to a temporary name then renamed."""
+    from safetensors.torch import save_file
+
+    header = {"format": STATE_FORMAT, "format_version": str(STATE_VERSION), "state": json.dumps(meta)}
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    try:
+        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, tmp, metadata=header)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_state(path: Path, *, tensors: bool = True) -> tuple[dict[str, torch.Tensor], dict]:
+    """(tensors, meta) of a write_state file; a one-line ValueError naming the file for anything
+    else (a truncated file, a pickle, a foreign safetensors file). Never unpickles."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            header = f.metadata() or {}
+            if header.get("format") != STATE_FORMAT:
+                raise ValueError(f"not a {STATE_FORMAT} file")
+            if int(header.get("format_version", 0)) > STATE_VERSION:
+                raise ValueError(f"format_version {header['format_version']} is newer than this wide's")
+            meta = json.loads(header["state"])
+            out = {k: f.get_tensor(k) for k in f.keys()} if tensors else {}  # noqa: SIM118 (not iterable)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"trainer state {path} is missing") from None
+    except Exception as e:  # SafetensorError (truncated / not safetensors), bad JSON, bad header
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(f"trainer state {path} is unreadable (truncated or not written by wide): {msg}") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"trainer state {path} has a malformed header")
+    return out, meta
+
+
+def optimizer_to_portable(sd: dict) -> tuple[dict[str, torch.Tensor], dict]:
+    """An optimizer state_dict as (tensors, JSON-able dict)."""
+    tensors: dict[str, torch.Tensor] = {}
+    state: dict[str, dict] = {}
+    for pid, st in sd["state"].items():
+        entry: dict = {}
+        for k, v in st.items():
+            if torch.is_tensor(v):
+                tensors[f"optimizer.{pid}.{k}"] = v
+                entry[k] = {"tensor": f"optimizer.{pid}.{k}"}
+            else:
+                entry[k] = {"value": v}
+        state[str(pid)] = entry
+    return tensors, {"state": state, "param_groups": sd["param_groups"]}
+
+
+def optimizer_from_portable(tensors: dict[str, torch.Tensor], js: dict, opt: torch.optim.Optimizer) -> dict:
+    """Inverse of optimizer_to_portable; tuples (AdamW's betas) come back as tuples, as opt has them."""
+    state = {
+        int(pid): {k: tensors[v["tensor"]] if "tensor" in v else v["value"] for k, v in entry.items()}
+        for pid, entry in js["state"].items()
+    }
+    groups = []
+    for saved, cur in zip(js["param_groups"], opt.param_groups, strict=True):
+        groups.append({k: tuple(v) if isinstance(cur.get(k), tuple) else v for k, v in saved.items()})
+    return {"state": state, "param_groups": groups}
+
+
+# ---------------------------------------------------------------------- run directory
+def _step_of(name: str) -> int | None:
+    """The step of a `checkpoint-{step}` name, None for any other name (checkpoint-best, ...)."""
+    tail = name.removeprefix("checkpoint-")
+    return int(tail) if tail != name and tail.isdigit() else None
+
+
+def read_manifest(out: Path) -> dict | None:
+    """The run manifest of out (the checkpoints this run wrote), None when there is none."""
+    path = out / MANIFEST_NAME
+    if not path.is_file():
+        return None
+    try:
+        m = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: invalid JSON ({e})") from None
+    if not isinstance(m, dict) or m.get("format") != MANIFEST_FORMAT or not isinstance(m.get("checkpoints"), list):
+        raise ValueError(f"{path} is not a {MANIFEST_FORMAT} manifest")
+    m["checkpoints"] = [c for c in m["checkpoints"] if isinstance(c, str) and _step_of(c) is not None]
+    return m
+
+
+def write_manifest(out: Path, checkpoints: list[str]) -> None:
+    m = {"format": MANIFEST_FORMAT, "format_version": 1, "checkpoints": checkpoints}
+    atomic_write_bytes(out / MANIFEST_NAME, (json.dumps(m, indent=1) + "\n").encode())
+
+
+def is_wide_run(out: Path) -> bool:
+    """True when out holds a run manifest or the final routers of a run (wide_config.json of ours)."""
+    if (out / MANIFEST_NAME).is_file():
+        return True
+    try:
+        return json.loads((out / CONFIG_NAME).read_text()).get("format") == "wide-routers"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def check_writable(out: Path) -> None:
+    """Raise a one-line ValueError when out (or, if it does not exist yet, its nearest existing parent)
+    cannot take new files; creates nothing that stays."""
+    probe = out
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ValueError(f"--out {out}: {probe} is not a directory")
+    try:
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as e:
+        raise ValueError(f"--out {out} is not writable ({e.strerror or e})") from None
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _compare(what: str, saved: dict, now: dict, skip: frozenset = frozenset(), where: Path | None = None) -> None:
+    for k in sorted(set(saved) | set(now)):
+        if k in skip or saved.get(k) == now.get(k):
+            continue
+        why = " (the LR and tau schedules depend on it)" if k == "steps" else ""
+        raise ValueError(
+            f"--resume: {_flag(k)} {now.get(k)!r} differs from {saved.get(k)!r} that the run in {where} was "
+            f"started with ({what}){why}; resume with the same value or start a new run in another --out"
+        )
+
+
+def check_out_dir(
+    out_dir: str | Path,
+    tc: TrainConfig,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    config: WideConfig | None = None,
+    base_model: str | None = None,
+) -> None:
+    """Everything about --out that can fail, checked before any expensive work; writes nothing.
+
+    Fresh run: out must be writable and empty, or (with overwrite) a directory WIDE may write its own
+    files into; checkpoint names this run will write must not belong to anyone else.
+    Resume: the latest checkpoint must be readable and every setting that shapes training (the
+    TrainConfig outside RESUME_MAY_CHANGE, its `extra` (model, data, ...), the WideConfig, the base
+    model) equal to the one the run was started with."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a directory")
+    check_writable(out)
+    if resume:
+        if overwrite:
+            raise ValueError("--resume and --overwrite exclude each other")
+        ckpt = latest_checkpoint(out)
+        if ckpt is None:
+            raise FileNotFoundError(f"--resume: no complete checkpoint in {out}")
+        _, meta = read_state(ckpt / STATE_NAME, tensors=False)
+        saved_tc = dict(meta.get("train_config", {}))
+        saved_extra, now_extra = saved_tc.pop("extra", {}) or {}, asdict(tc).pop("extra", {})
+        _compare("training", saved_extra, now_extra, where=out)
+        _compare("training", saved_tc, {k: v for k, v in asdict(tc).items() if k != "extra"}, RESUME_MAY_CHANGE, out)
+        if config is not None:
+            _compare("routing config", meta.get("wide_config", {}), config.to_dict(), where=out)
+        if base_model is not None and meta.get("base_model") not in (None, base_model):
+            raise ValueError(
+                f"--resume: --model {base_model!r} differs from {meta['base_model']!r} that the run in {out} "
+                "was started with"
+            )
+        return
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if is_wide_run(out):
+        if not overwrite:
+            raise ValueError(
+                f"--out {out} already holds a WIDE run: pass --resume to continue it, or --overwrite to "
+                "start a new run there (its previous checkpoints and results are replaced)"
+            )
+    elif not overwrite:
+        names = sorted(p.name for p in out.iterdir())
+        shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+        raise ValueError(
+            f"--out {out} is not empty ({shown}) and is not a WIDE run: choose a new or empty directory, "
+            "or pass --overwrite to let WIDE write its files there"
+        )
+    ours = set((read_manifest(out) or {"checkpoints": []})["checkpoints"])
+    for p in out.iterdir():
+        step = _step_of(p.name.removeprefix(".tmp-"))
+        if step is None or p.name.removeprefix(".tmp-") in ours:
+            continue
+        if step % tc.save_every == 0 and step < tc.steps:
+            raise ValueError(
+                f"--out {out} holds {p.name}/, which this run would write over but did not make: "
+                "move it away or choose another --out"
+            )
+
+
+def prepare_out_dir(out: Path, *, resume: bool, overwrite: bool) -> None:
+    """Rank 0, after check_out_dir: create out; a fresh run removes what an earlier run there wrote
+    (its manifest's checkpoints, `latest`, the log and final routers; with overwrite only) and starts
+    a new manifest."""
+    out.mkdir(parents=True, exist_ok=True)
+    if resume:
+        if read_manifest(out) is None:  # a run written before manifests: its latest checkpoint is ours
+            write_manifest(out, [latest_checkpoint(out).name])
+        return
+    if overwrite:
+        for name in (read_manifest(out) or {"checkpoints": []})["checkpoints"]:
+            shutil.rmtree(out / name, ignore_errors=True)
+            shutil.rmtree(out / f".tmp-{name}", ignore_errors=True)
+        for name in (LATEST, LOG_NAME, WEIGHTS_NAME, CONFIG_NAME, "adapter_model.safetensors", "adapter_config.json"):
+            (out / name).unlink(missing_ok=True)
+    write_manifest(out, [])
+
+
+def truncate_log(path: Path, step: int) -> None:
+    """Keep the log records up to `step` (a resumed run logs the later ones again); drop torn lines."""
+    if not path.is_file():
+        return
+    keep = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] <= step:
+            keep.append(line + "\n")
+    atomic_write_bytes(path, "".join(keep).encode())
+
+
 # ---------------------------------------------------------------------- checkpoints
 def save_trainable(wm: WideModel, out: Path, adapter=None, training: dict | None = None, lora_state=None) -> None:
     """Routers (wide_config.json + routers.safetensors) and, in stage 2, the LoRA adapter (peft format).
@@ -149,47 +470,68 @@ def save_trainable(wm: WideModel, out: Path, adapter=None, training: dict | None
 def save_trainer_checkpoint(
     out: Path, step: int, wm: WideModel, opt, sched, order, tc: TrainConfig, log_state: dict, adapter=None
 ) -> Path:
-    """Write checkpoint-{step}/ completely, then move the `latest` pointer to it (atomic), then prune.
+    """Write checkpoint-{step}/ completely, then move the `latest` pointer to it (atomic), then prune
+    the oldest checkpoints this run wrote (those in the manifest; nothing else is ever deleted).
     A kill at any moment leaves `latest` naming a complete checkpoint."""
     rank, ws = dist_world()
     ckpt = out / f"checkpoint-{step}"
     tmp = out / f".tmp-checkpoint-{step}"
     optim, lora = optimizer_state_dict(wm, opt), lora_state_dict(adapter)  # collectives when sharded
     if rank == 0:
+        manifest = read_manifest(out) or {"checkpoints": []}
+        mine = [c for c in manifest["checkpoints"] if c != ckpt.name]
+        write_manifest(out, mine + [ckpt.name])  # recorded before it exists: a kill leaves no unowned dir
         shutil.rmtree(tmp, ignore_errors=True)
         save_trainable(wm, tmp, adapter, training={"step": step, "partial": True}, lora_state=lora)
-        state = {
+        opt_tensors, opt_js = optimizer_to_portable(optim)  # full tensors, torch's numbering: any rank count
+        rng_tensors, rng_js = rng_to_portable(rng_state())
+        meta = {
             "step": step,
-            "optimizer": optim,
+            "optimizer": opt_js,
             "scheduler": sched.state_dict(),
             "data_order": order.state_dict(),
-            "rng": rng_state(),
+            "rng": rng_js,
             "tau": wm.tau,
             "train_config": asdict(tc),
+            "wide_config": wm.config.to_dict(),
+            "base_model": wm.base_model_id,
             "log_state": log_state,
             "world_size": ws,
         }
-        torch.save(state, tmp / STATE_NAME)
+        write_state(tmp / STATE_NAME, {**opt_tensors, **rng_tensors}, meta)
     barrier()
     if rank > 0:  # every rank keeps its own Gumbel-noise stream
-        torch.save(rng_state(), tmp / f"rng_rank{rank}.pt")
+        rng_tensors, rng_js = rng_to_portable(rng_state())
+        write_state(tmp / f"rng_rank{rank}.safetensors", rng_tensors, {"rng": rng_js})
     barrier()
     if rank == 0:
         shutil.rmtree(ckpt, ignore_errors=True)
         tmp.rename(ckpt)
         atomic_write_bytes(out / LATEST, ckpt.name.encode())
-        olds = sorted((p for p in out.glob("checkpoint-*") if p != ckpt), key=lambda p: int(p.name.split("-")[1]))
-        for p in olds[: max(0, len(olds) - (tc.keep_checkpoints - 1))]:
-            shutil.rmtree(p, ignore_errors=True)
+        olds = sorted(mine, key=_step_of)
+        drop = olds[: max(0, len(olds) - (tc.keep_checkpoints - 1))]
+        for name in drop:
+            shutil.rmtree(out / name, ignore_errors=True)
+        write_manifest(out, [c for c in mine if c not in drop] + [ckpt.name])
     barrier()
     return ckpt
 
 
 def latest_checkpoint(out: Path) -> Path | None:
+    """The checkpoint `latest` names, None when there is no complete one; a ValueError for one
+    written by an older wide as a pickle (never loaded: unpickling can run code)."""
     ptr = out / LATEST
     if not ptr.is_file():
         return None
-    ckpt = out / ptr.read_text().strip()
+    name = ptr.read_text(errors="replace").strip()
+    if _step_of(name) is None:
+        return None
+    ckpt = out / name
+    if not (ckpt / STATE_NAME).is_file() and (ckpt / LEGACY_STATE_NAME).is_file():
+        raise ValueError(
+            f"{ckpt / LEGACY_STATE_NAME} is a pickled trainer state from an older wide; it is not loaded "
+            "(unpickling can run code): start a new run"
+        )
     return ckpt if (ckpt / STATE_NAME).is_file() else None
 
 
@@ -201,6 +543,7 @@ def calibrate(
     out_dir: str | Path,
     *,
     resume: bool = False,
+    overwrite: bool = False,
     progress: bool = True,
     adapter=None,
     device: torch.device | None = None,
@@ -208,19 +551,25 @@ def calibrate(
     """Train the routers of wm on dataset (a wide.train.data.TokenDataset); write checkpoints and the
     final routers into out_dir; return the training summary.
 
+    overwrite: start in a non-empty out_dir (see check_out_dir); resume: continue its latest checkpoint.
     adapter: stage 2 (LoRA recovery) — a peft model whose LoRA layers were injected into wm.model
     before the routers were attached; its LoRA parameters train together with the routers.
     device: where the computation runs (default: where the model's parameters are; needed when the
     model was loaded on the CPU for `tc.parallel` fsdp / cpu_offload)."""
-    from wide.train.data import DataOrder
+    from wide.train.data import DataError, DataOrder
 
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     device = device or next(wm.model.parameters()).device
     cfg: WideConfig = wm.config
     rank, ws = dist_world()
     if tc.batch_size % ws:
         raise ValueError(f"batch_size {tc.batch_size} must be divisible by the {ws} data-parallel ranks")
+    check_out_dir(out, tc, resume=resume, overwrite=overwrite, config=cfg, base_model=wm.base_model_id)
+    order = DataOrder(len(dataset), tc.batch_size, seed=tc.seed)
+    barrier()  # every rank has checked out_dir before rank 0 changes it
+    if rank == 0:
+        prepare_out_dir(out, resume=resume, overwrite=overwrite)
+    barrier()
     seed_everything(tc.seed + rank)
     wm.freeze_base()
     params = trainable_parameters(wm, adapter)
@@ -234,33 +583,40 @@ def calibrate(
         wm.compile_layers()
     opt = build_optimizer(params, tc)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(tc.steps, tc.warmup_frac))
-    order = DataOrder(len(dataset), tc.batch_size, seed=tc.seed)
     start, log_state = 0, {"tokens": 0, "elapsed": 0.0}
+    log_path = out / LOG_NAME
     if resume:
         ckpt = latest_checkpoint(out)
-        if ckpt is None:
-            raise FileNotFoundError(f"--resume: no complete checkpoint in {out}")
-        from safetensors.torch import load_file
-
-        wm.routers.load_state_dict(load_file(str(ckpt / "routers.safetensors")))
-        if adapter is not None:
-            load_lora_state_(adapter, load_file(str(ckpt / "adapter_model.safetensors")))
-        st = torch.load(ckpt / STATE_NAME, weights_only=False)
-        if st["train_config"]["steps"] != tc.steps:
-            raise ValueError(
-                f"--resume with steps={tc.steps} but the run was started with "
-                f"{st['train_config']['steps']} (the schedule depends on it)"
+        tensors, st = read_state(ckpt / STATE_NAME)
+        same_world = st.get("world_size", 1) == ws  # else the per-rank noise streams restart (below)
+        saved_n = st.get("data_order", {}).get("n_examples")
+        if saved_n is not None and saved_n != len(dataset):
+            raise DataError(
+                f"--resume: --data now gives {len(dataset)} training sequences, the run in {out} was "
+                f"trained on {saved_n}: the data changed; resume with the same data or start a new run"
             )
-        load_optimizer_state_dict_(wm, opt, st["optimizer"])
-        sched.load_state_dict(st["scheduler"])
-        order.load_state_dict(st["data_order"])
-        if st.get("world_size", 1) == ws:
-            set_rng_state(st["rng"] if rank == 0 else torch.load(ckpt / f"rng_rank{rank}.pt", weights_only=False))
+        wm.routers.load_state_dict(load_tensors(ckpt / WEIGHTS_NAME))
+        if adapter is not None:
+            load_lora_state_(adapter, load_tensors(ckpt / "adapter_model.safetensors"))
+        rng_file = ckpt / f"rng_rank{rank}.safetensors"
+        try:
+            load_optimizer_state_dict_(wm, opt, optimizer_from_portable(tensors, st["optimizer"], opt))
+            sched.load_state_dict(st["scheduler"])
+            order.load_state_dict(st["data_order"])
+            rng = None
+            if same_world:
+                rng = rng_from_portable(tensors, st["rng"]) if rank == 0 else rng_from_portable(*_rank_rng(rng_file))
+            start, log_state = int(st["step"]), dict(st["log_state"])
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise ValueError(f"trainer state {ckpt / STATE_NAME} is malformed: {type(e).__name__}: {e}") from None
+        if rng is not None:
+            set_rng_state(rng)
         else:  # per-rank noise streams cannot continue on another number of ranks: restart them
-            seed_everything(rank_seed(tc.seed, rank, st["step"]))
-        start, log_state = st["step"], st["log_state"]
+            seed_everything(rank_seed(tc.seed, rank, start))
+        if rank == 0:
+            truncate_log(log_path, start)
     amp = autocast_dtype(device)
-    log_path = out / "train_log.jsonl"
+    flop_w = model_flop_weights(wm, tc.seq_len) if cfg.sparsity_kind == "flops" else None  # FLOP-weighted target
     wm.mode = "gumbel"
     bar = tqdm(total=tc.steps, initial=start, disable=not progress or rank > 0, desc="calibrate", dynamic_ncols=True)
     t0 = time.perf_counter() - log_state["elapsed"]
@@ -272,14 +628,16 @@ def calibrate(
             ids, am = batch["input_ids"].to(device), batch["attention_mask"].to(device)
             labels = batch["labels"].to(device)
             with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
-                if tc.loss_chunk_tokens:
+                teacher = teacher_hidden(wm, ids, am, adapter)  # [B, T, D] dense teacher, None unless distilling
+                if tc.loss_chunk_tokens or teacher is not None:
                     hidden = wm.hidden_states(ids, attention_mask=am)
-                    lm = chunked_lm_loss(hidden, labels, wm.model.lm_head, tc.loss_chunk_tokens)
+                    objective, lm = task_loss(wm, hidden, labels, teacher, tc.loss_chunk_tokens or 8192)
                 else:
-                    lm = wm(ids, attention_mask=am, labels=labels).loss
+                    lm = objective = wm(ids, attention_mask=am, labels=labels).loss
             a, f = wm.skip_rates()
-            lm, a, f = global_batch_terms(lm, a, f, labels, am)  # the global batch's loss and rates
-            loss = lm.float() + sparsity_loss(a, f, cfg)
+            # the global batch's terms: objective and LM loss weighted by token share, rates all-reduced
+            objective, a, f, lm = global_batch_terms(objective, a, f, labels, am, lm)
+            loss = objective.float() + routing_sparsity_loss(a, f, cfg, flop_w)
             (loss / tc.grad_accum).backward()
             a_arg, f_arg = wm.skip_rates("_argmax")
             stats += (
@@ -355,3 +713,8 @@ def calibrate(
         save_trainable(wm, out, adapter, training=summary, lora_state=lora)
     barrier()
     return summary
+
+
+def _rank_rng(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
+    tensors, meta = read_state(path)
+    return tensors, meta["rng"]

@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
@@ -29,6 +30,9 @@ log = logging.getLogger(__name__)
 TEXT_EXTENSIONS = (".txt", ".jsonl", ".json", ".parquet")
 CACHE_FORMAT = 1  # bump when the cached tensors' layout changes
 ENCODE_BATCH = 512  # documents per tokenizer call
+BINARY_SAMPLE = 1 << 20  # characters of a .txt inspected for binary content
+BINARY_FRACTION = 0.01  # more control characters than this (whitespace aside) mean binary data
+_CONTROL = re.compile("[\x00-\x08\x0e-\x1f\x7f-\x9f]")  # C0 / C1 controls except \t \n \v \f \r
 
 Mode = Literal["packed", "padded"]
 Texts = Sequence[str] | Callable[[], Sequence[str]]
@@ -156,18 +160,43 @@ def _record_text(record: Any, text_field: str, where: str) -> str | None:
     return value if value and value.strip() else None
 
 
+def _decode(data: bytes, where: str) -> str:
+    """Strict UTF-8 (a leading BOM is dropped); a DataError naming the place and the byte offset."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise DataError(
+            f"{where}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start} is invalid); "
+            "convert the file to UTF-8"
+        ) from None
+
+
+def _check_text(text: str, where: str) -> None:
+    """Reject binary data that happens to decode: more than BINARY_FRACTION of the characters (in the
+    first BINARY_SAMPLE) are control characters other than whitespace, or any is NUL."""
+    sample = text[:BINARY_SAMPLE]
+    n_ctrl = len(_CONTROL.findall(sample))
+    if "\x00" in sample or n_ctrl > BINARY_FRACTION * len(sample):
+        raise DataError(
+            f"{where}: looks like binary data, not text ({n_ctrl} control characters in the first "
+            f"{len(sample)}); pass text files"
+        )
+
+
 def _read_txt(path: Path, text_field: str) -> Iterator[str]:
-    text = path.read_text(encoding="utf-8", errors="replace")
+    text = _decode(path.read_bytes(), str(path)).replace("\r\n", "\n").replace("\r", "\n")  # as read_text()
+    _check_text(text, str(path))
     if text.strip():
         yield text
 
 
 def _read_jsonl(path: Path, text_field: str) -> Iterator[str]:
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            where = f"{path}:{lineno}"
+            line = _decode(raw, where)
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
@@ -195,7 +224,7 @@ def _json_records(obj: Any, path: Path) -> list[Any]:
 
 def _read_json(path: Path, text_field: str) -> Iterator[str]:
     try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
+        obj = json.loads(_decode(path.read_bytes(), str(path)))
     except json.JSONDecodeError as e:
         if e.msg != "Extra data":
             raise DataError(f"{path}: invalid JSON ({e.msg} at line {e.lineno})") from None

@@ -69,28 +69,35 @@ def all_reduce_mean_(tensors: list[torch.Tensor]) -> None:
 
 
 def global_batch_terms(
-    lm: torch.Tensor, attn: torch.Tensor, ffn: torch.Tensor, labels: torch.Tensor, attention_mask: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    lm: torch.Tensor,
+    attn: torch.Tensor,
+    ffn: torch.Tensor,
+    labels: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *more: torch.Tensor,
+) -> tuple[torch.Tensor, ...]:
     """This rank's loss terms turned into the global batch's, for gradients that are then averaged
     over ranks (identity on one process).
 
-    lm: this rank's mean next-token loss; attn, ffn: [L] skip rates over this rank's real tokens;
-    labels, attention_mask: [B_local, T]. Returns (lm', attn', ffn'): lm' is lm weighted by this rank's
-    share of the label tokens (the ranks' mean of lm' is the global mean loss); attn' and ffn' have the
-    global batch's values (token-weighted over ranks, one all-reduce) and a gradient scaled so that the
+    lm: this rank's loss, a mean over its label tokens (the LM loss, the distillation KL or their sum);
+    attn, ffn: [L] skip rates over this rank's real tokens; labels, attention_mask: [B_local, T];
+    more: further means over the label tokens (e.g. the LM loss logged beside a distillation
+    objective). Returns (lm', attn', ffn', *more'): lm' and more' are weighted by this rank's share of
+    the label tokens (the ranks' mean of lm' is the global mean); attn' and ffn' have the global
+    batch's values (token-weighted over ranks, one all-reduce) and a gradient scaled so that the
     ranks' mean gradient is the gradient of the global rates. The sparsity loss, a non-linear function
     of the rates, then sees the same rates as a one-process run over the whole batch."""
     _, ws = world()
     if ws == 1:
-        return lm, attn, ffn
+        return (lm, attn, ffn, *more)
     rates = torch.stack([attn, ffn])  # [2, L]
     n = torch.stack([(labels[:, 1:] != -100).sum(), attention_mask.sum()]).to(rates.device, torch.float32)
     buf = torch.cat([n, (rates.detach() * n[1]).flatten()])  # [2 + 2L]
     dist.all_reduce(buf, op=dist.ReduceOp.SUM)
     n_all, rates_all = buf[:2], buf[2:].view_as(rates) / buf[1].clamp_min(1)
-    lm_w = lm * (n[0] * ws / n_all[0].clamp_min(1))
+    share = n[0] * ws / n_all[0].clamp_min(1)  # this rank's label tokens / the ranks' mean
     rates_w = rates_all + (rates - rates.detach()) * (n[1] * ws / n_all[1].clamp_min(1))
-    return lm_w, rates_w[0], rates_w[1]
+    return (lm * share, rates_w[0], rates_w[1], *(m * share for m in more))
 
 
 def all_gather_floats(value: float, device: torch.device) -> list[float]:

@@ -5,8 +5,8 @@ Layout under `--parallel fsdp` (docs/training.md):
   - every decoder layer is its own FSDP2 group (`fully_shard`), the decoder trunk (`model.model`:
     embeddings, final norm) the root group; parameters are sharded over all ranks and gathered one
     layer at a time; `MixedPrecisionPolicy(param_dtype=bf16 on GPU, reduce_dtype=fp32)`;
-  - the LM head stays a plain, replicated, frozen tensor: the chunked LM loss reads its weight
-    outside any module call, where FSDP's hooks would not gather it;
+  - the LM head stays a plain, replicated, frozen tensor: the chunked LM and distillation losses
+    (wide.train.losses) read its weight outside any module call, where FSDP's hooks would not gather it;
   - the routers (`WideModel.routers`, beside the HF model, called from hooks) stay plain fp32 replicas
     on every rank; their gradients are averaged in fp32 by `wide.train.distributed.all_reduce_mean_`
     (they are a small fraction of the parameters, and sharding them would need FSDP to gather them
@@ -125,10 +125,8 @@ def shard_model(wm, device: torch.device, *, cpu_offload: bool = False) -> None:
             mod.to(device)
     wm.routers.to(device)
     wm.register_buffer("_tau", wm._tau.to(device), persistent=False)
-    if wm.meter.device != device:
-        from wide.accounting import SparsityMeter
-
-        wm.meter = SparsityMeter(wm.meter.flops, device)
+    if wm.meter.device != device:  # same meter class (a baseline's own accounting), on device
+        wm.meter = type(wm.meter)(wm.meter.flops, device)
 
 
 def prepare_model(wm, pc: ParallelConfig, device: torch.device) -> None:

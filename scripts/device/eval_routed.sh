@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The routed rows of the README's zero-shot table (H200): the shipped SmolLM2 routers on the seven
+# tasks and WikiText-2, full sets, lm-eval protocol (bf16, batch 64, max length 4096). The dense row is
+# bench/results/smollm2/dense.json (same protocol); DENSE=1 re-runs it here. Results are rewritten
+# after every row, so a run cut short keeps the rows it finished.
+# Usage (repo root), three calls in a row on one warm machine (each carry stays under 64 MiB with the
+# tree): carry .device-carry/smol.part.aa and run `source scripts/device/setup.sh`; carry smol.part.ab +
+# data.tar.xz and run it again; carry evalwhl and run: bash scripts/device/eval_routed.sh OUT
+set -u
+source scripts/device/setup.sh
+OUT=${1:-/tmp/out}; mkdir -p "$OUT"
+start=$(date +%s)
+python3 -m wide.cli eval --model smollm2-135m \
+  --routers smollm2-135m-s25 smollm2-135m-s50 --tasks all \
+  --dtype bf16 --batch-size 64 --max-length 4096 --no-lm-eval-check $([ "${DENSE:-0}" = 1 ] || echo --no-dense) \
+  --out "$OUT/routed" 2>&1 | tr '\r' '\n' | grep -v "it/s\]$" | tail -20
+echo "wall $(( $(date +%s) - start )) s" | tee "$OUT/routed_wall.txt"

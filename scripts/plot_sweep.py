@@ -1,0 +1,101 @@
+"""Figure-6-style plot of a quality sweep (scripts/quality_runs.py records): WikiText-2 word perplexity
+and average zero-shot accuracy against the fraction of FLOPs removed, one line per method (and variant:
+distillation, FLOP-weighted target, LoRA, group size), the dense model as a reference line.
+
+  python scripts/plot_sweep.py bench/results/smollm2/quality.json --out bench/results/smollm2/sweep.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+
+def series_label(rec: dict) -> str:
+    """The line a record belongs to: its method plus what sets it apart from the plain run."""
+    parts = [rec["method"]]
+    if rec.get("ffn_group_size") and rec["method"] in ("wide", "static-width") and rec["ffn_group_size"] != 128:
+        parts.append(f"G{rec['ffn_group_size']}")
+    if rec.get("attn_target") is not None:
+        parts.append("uniform")
+    if rec.get("sparsity_kind", "groups") != "groups":
+        parts.append(f"{rec['sparsity_kind']} target")
+    if rec.get("distill", "none") != "none":
+        parts.append(rec["distill"])
+    if rec.get("lora_steps"):
+        parts.append("+LoRA")
+    return " ".join(parts)
+
+
+def group_series(records: list[dict]) -> tuple[dict[str, list[dict]], dict | None]:
+    """({label: records sorted by FLOPs removed}, the dense record or None)."""
+    dense = next((r for r in records if r["method"] == "dense" and r.get("status") == "done"), None)
+    series: dict[str, list[dict]] = defaultdict(list)
+    for r in records:
+        if r.get("status") == "done" and r["method"] != "dense":
+            series[series_label(r)].append(r)
+    return {k: sorted(v, key=lambda r: r["flops_removed"]) for k, v in sorted(series.items())}, dense
+
+
+def plot(records: list[dict], out: Path, title: str | None = None) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series, dense = group_series(records)
+    if not series:
+        raise ValueError("no finished non-dense records to plot")
+    fig, (ax_ppl, ax_acc) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for label, rs in series.items():
+        x = [100 * r["flops_removed"] for r in rs]
+        ppl = [r.get("wikitext_word_ppl") for r in rs]
+        acc = [None if r.get("avg_acc") is None else 100 * r["avg_acc"] for r in rs]
+        if any(v is not None for v in ppl):
+            ax_ppl.plot(*_pairs(x, ppl), marker="o", label=label)
+        if any(v is not None for v in acc):
+            ax_acc.plot(*_pairs(x, acc), marker="o", label=label)
+    if dense is not None:
+        if dense.get("wikitext_word_ppl"):
+            ax_ppl.axhline(dense["wikitext_word_ppl"], color="k", ls="--", lw=1, label="dense")
+        if dense.get("avg_acc") is not None:
+            ax_acc.axhline(100 * dense["avg_acc"], color="k", ls="--", lw=1, label="dense")
+    ax_ppl.set_yscale("log")
+    ax_ppl.set_ylabel("WikiText-2 word perplexity")
+    ax_acc.set_ylabel("average zero-shot accuracy (%)")
+    for ax in (ax_ppl, ax_acc):
+        ax.set_xlabel("FLOPs removed (%), measured on the evaluated tokens")
+        ax.grid(alpha=0.3)
+    ax_acc.legend(fontsize=8, loc="best")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=150)
+    plt.close(fig)
+    return out
+
+
+def _pairs(x: list, y: list) -> tuple[list, list]:
+    keep = [(a, b) for a, b in zip(x, y) if b is not None]
+    return [a for a, _ in keep], [b for _, b in keep]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("records", type=Path, help="JSON written by scripts/quality_runs.py")
+    p.add_argument("--out", type=Path, help="PNG path (default: next to the records, .png)")
+    p.add_argument("--title")
+    a = p.parse_args(argv)
+    data = json.loads(a.records.read_text())
+    records = data["records"] if isinstance(data, dict) else data
+    out = plot(records, a.out or a.records.with_suffix(".png"), a.title)
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,415 @@
+"""Quality sweep driver: for each (method, target, options) run `wide calibrate` (+ optional `wide finetune`,
+LoRA), then evaluate (WikiText-2 + zero-shot through `wide.eval.run_eval`), and append one JSON record per
+run to --out. Resumable: finished records (same name) are skipped, finished checkpoints are reused and an
+interrupted trained calibration continues from its latest checkpoint (`--resume`).
+
+  python scripts/quality_runs.py --out bench/results/smollm2/quality.json --work runs/quality \
+      --methods dense,wide,module-skip,layer-skip,static-width,teal --targets 0.25,0.5 --steps 2000
+  python scripts/quality_runs.py --spec runs.json --out ...     # a JSON list of run objects (RunSpec fields)
+  python scripts/quality_runs.py --tiny --out /tmp/q.json --work /tmp/q   # CPU smoke test, tiny random model
+
+A record names: method, name, target, sparsity_kind, distill, steps, lora_steps, tokens (calibration +
+LoRA), gpu_minutes (wall time of calibration + LoRA on this machine), eval_minutes, real_sparsity
+(attn / ffn / overall = their mean, over every evaluated token), flops_removed (the same tokens,
+router cost included, as wide.accounting counts), wikitext_word_ppl, tasks (per-task table metric),
+avg_acc, the commands that produced the checkpoint, and the checkpoint directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shlex
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+METHODS = ("dense", "wide", "module-skip", "layer-skip", "static-width", "teal")
+TRAINING_FREE = ("static-width", "teal")
+
+
+@dataclass
+class RunSpec:
+    """One row of the sweep. target: the shared sparsity S (ignored for dense); attn_target and
+    ffn_target (both) switch to separate targets (the uniform constraint, paper eq. 22)."""
+
+    method: str
+    target: float = 0.5
+    sparsity_kind: str = "groups"
+    distill: str = "none"
+    steps: int = 2000
+    lora_steps: int = 0
+    ffn_group_size: int = 128
+    attn_target: float | None = None
+    ffn_target: float | None = None
+    name: str | None = None
+    extra_args: list[str] = field(default_factory=list)  # more `wide calibrate` flags, verbatim
+    # the name of a finished record whose measured flops_removed becomes this run's target (FLOP kind):
+    # a baseline at equal FLOPs removed
+    match_flops: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+        if (self.attn_target is None) != (self.ffn_target is None):
+            raise ValueError(f"{self.method}: set both attn_target and ffn_target, or neither")
+        if self.method == "teal" and self.lora_steps:
+            raise ValueError("teal: LoRA recovery is not implemented (no routers to train)")
+        if self.match_flops and (self.method == "dense" or self.attn_target is not None):
+            raise ValueError(f"{self.method}: match_flops needs a method with the shared target")
+
+    @property
+    def key(self) -> str:
+        if self.name:
+            return self.name
+        if self.method == "dense":
+            return "dense"
+        t = f"{self.attn_target:g}a{self.ffn_target:g}f" if self.attn_target is not None else f"{self.target:g}"
+        parts = [self.method, f"flopsof[{self.match_flops}]" if self.match_flops else f"{self.sparsity_kind}{t}"]
+        if self.method != "static-width" and self.method != "teal":
+            parts.append(f"s{self.steps}")
+        if self.method not in ("module-skip", "layer-skip", "teal"):
+            parts.append(f"g{self.ffn_group_size}")
+        if self.distill != "none":
+            parts.append(self.distill.replace("+", ""))
+        if self.lora_steps:
+            parts.append(f"lora{self.lora_steps}")
+        return "-".join(parts)
+
+
+# ------------------------------------------------------------------------------------- records
+def read_records(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    data = json.loads(path.read_text())
+    return data["records"] if isinstance(data, dict) else data
+
+
+def write_records(path: Path, records: list[dict], settings: dict) -> None:
+    """Rewrite the whole file atomically (a crash keeps the previous version)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        json.dump({"settings": settings, "records": records}, f, indent=1, default=str)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------------------------- running
+def _cli(args: list) -> tuple[str, float]:
+    """Run `wide ARGS` in this process; return the command line and its wall time (s)."""
+    from wide.cli import main
+
+    argv = [str(a) for a in args]
+    t0 = time.perf_counter()
+    rc = main(argv)
+    if rc != 0:
+        raise RuntimeError(f"`wide {shlex.join(argv)}` failed with exit code {rc}")
+    return "wide " + shlex.join(argv), time.perf_counter() - t0
+
+
+def _finished(ckpt: Path) -> dict | None:
+    """The training summary of a finished checkpoint directory (None if unfinished)."""
+    meta = ckpt / "wide_config.json"
+    if not meta.is_file():
+        return None
+    training = json.loads(meta.read_text()).get("training", {})
+    return training if training.get("stage") and not training.get("partial") else None
+
+
+def run_stage(ckpt: Path, args: list, trained: bool) -> tuple[dict, str, float]:
+    """Run one `wide calibrate` / `wide finetune` into ckpt unless it finished already; resume a trained
+    run from its latest checkpoint. Returns (training summary, command, wall seconds of this call)."""
+    done = _finished(ckpt)
+    cmd = "wide " + shlex.join(str(a) for a in args)
+    if done is not None:
+        return done, cmd, 0.0
+    resume = trained and (ckpt / "latest").is_file()
+    cmd, wall = _cli(args + (["--resume"] if resume else []))
+    return _finished(ckpt) or {}, cmd, wall
+
+
+def calibrate_args(spec: RunSpec, a: argparse.Namespace, out: Path) -> list:
+    args = ["calibrate", "--model", a.model, "--method", spec.method, "--out", out]
+    args += ["--steps", spec.steps, "--seq-len", a.seq_len, "--batch-size", a.batch_size]
+    args += ["--ffn-group-size", spec.ffn_group_size, "--router-rank", a.router_rank]
+    args += ["--sparsity-kind", spec.sparsity_kind, "--distill", spec.distill, "--calib-batches", a.calib_batches]
+    args += ["--save-every", a.save_every, "--lr", a.lr, "--dtype", a.dtype]
+    if spec.attn_target is not None:
+        args += ["--attn-sparsity", spec.attn_target, "--ffn-sparsity", spec.ffn_target]
+    else:
+        args += ["--sparsity", spec.target]
+    if a.compile and spec.method not in TRAINING_FREE:
+        args.append("--compile")
+    return args + _common(a) + list(spec.extra_args)
+
+
+def finetune_args(spec: RunSpec, a: argparse.Namespace, stage1: Path, out: Path) -> list:
+    args = ["finetune", "--model", a.model, "--routers", stage1, "--out", out, "--steps", spec.lora_steps]
+    args += ["--seq-len", a.seq_len, "--batch-size", a.batch_size, "--lr", a.lora_lr, "--save-every", a.save_every]
+    args += ["--dtype", a.dtype, "--lora-r", a.lora_r]
+    return args + _common(a)
+
+
+def _common(a: argparse.Namespace) -> list:
+    out = []
+    for flag, v in (("--data", a.data), ("--data-dir", a.data_dir), ("--device", a.device)):
+        if v:
+            out += [flag, v]
+    return out
+
+
+def evaluate(a: argparse.Namespace, ckpt: Path | None) -> tuple[dict, float]:
+    """(run_eval's row for ckpt, or the dense row when ckpt is None; its wall seconds)."""
+    from wide.eval.runner import run_eval
+
+    t0 = time.perf_counter()
+    res = run_eval(
+        a.model,
+        [str(ckpt)] if ckpt else [],
+        a.tasks,
+        data_dir=a.data_dir,
+        limit=a.eval_limit,
+        batch_size=a.eval_batch_size,
+        max_length=a.eval_max_length,
+        dtype=a.eval_dtype,
+        device=a.device,
+        dense=ckpt is None,
+        check_wikitext=False,
+    )
+    row = res["rows"]["dense" if ckpt is None else str(ckpt)]
+    return row, time.perf_counter() - t0
+
+
+def make_record(spec: RunSpec, row: dict, stages: list[tuple[dict, str, float]], eval_s: float, ckpt) -> dict:
+    sp = row.get("sparsity", {}).get("all") or {}
+    attn, ffn = sp.get("attn_sparsity", 0.0), sp.get("ffn_sparsity", 0.0)
+    tasks = {t: v["score"] for t, v in row.get("tasks", {}).items()}
+    # a stage's own wall time (summed over resumed calls), else the time of the call that ran it
+    wall = sum(summary.get("wall_time_s") or call_s for summary, _, call_s in stages)
+    return {
+        "name": spec.key,
+        "method": spec.method,
+        "target": None if spec.method == "dense" else spec.target,
+        "attn_target": spec.attn_target,
+        "ffn_target": spec.ffn_target,
+        "sparsity_kind": spec.sparsity_kind,
+        "distill": spec.distill,
+        "ffn_group_size": spec.ffn_group_size,
+        "steps": 0 if spec.method in ("dense",) + TRAINING_FREE else spec.steps,
+        "lora_steps": spec.lora_steps,
+        "tokens": sum(int(s[0].get("tokens", 0) or 0) for s in stages),
+        "gpu_minutes": wall / 60.0,
+        "eval_minutes": eval_s / 60.0,
+        "real_sparsity": {"attn": attn, "ffn": ffn, "overall": 0.5 * (attn + ffn)},
+        "flops_removed": sp.get("flop_saving", 0.0),
+        "eval_tokens": sp.get("tokens"),
+        "wikitext_word_ppl": (row.get("wikitext") or {}).get("word_perplexity"),
+        "tasks": tasks,
+        "avg_acc": row.get("avg"),
+        "commands": [s[1] for s in stages],
+        "checkpoint": str(ckpt) if ckpt else None,
+        "device": next((s[0].get("gpu") or s[0].get("device") for s in stages if s[0]), None),
+        "status": "done",
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def run_one(spec: RunSpec, a: argparse.Namespace, work: Path, records: list[dict]) -> dict:
+    matched = None
+    if spec.match_flops:
+        matched = next((r for r in records if r["name"] == spec.match_flops and r.get("status") == "done"), None)
+        if matched is None:
+            raise SystemExit(f"{spec.key}: no finished record {spec.match_flops!r} to match (run it first)")
+        spec = dataclasses.replace(spec, target=round(matched["flops_removed"], 4), sparsity_kind="flops")
+    if spec.method == "dense":
+        row, eval_s = evaluate(a, None)
+        return make_record(spec, row, [], eval_s, None)
+    stage1 = work / spec.key / "stage1"
+    trained = spec.method not in TRAINING_FREE
+    stages = [run_stage(stage1, calibrate_args(spec, a, stage1), trained)]
+    ckpt = stage1
+    if spec.lora_steps:
+        ckpt = work / spec.key / "lora"
+        stages.append(run_stage(ckpt, finetune_args(spec, a, stage1, ckpt), True))
+    row, eval_s = evaluate(a, ckpt)
+    rec = make_record(spec, row, stages, eval_s, ckpt)
+    rec["match_flops"] = spec.match_flops
+    return rec
+
+
+# ----------------------------------------------------------------------------------------- specs
+def grid(a: argparse.Namespace) -> list[RunSpec]:
+    specs = []
+    for m in a.methods.split(","):
+        if m == "dense":
+            specs.append(RunSpec("dense"))
+            continue
+        # group sizes matter to the methods with FFN channel groups only
+        sizes = a.ffn_group_size if m in ("wide", "static-width") else a.ffn_group_size[:1]
+        for t, g in ((float(x), g) for x in a.targets.split(",") for g in sizes):
+            for lora in [0] + ([a.lora_steps] if a.lora_steps and m != "teal" else []):
+                match = None
+                if a.match_flops and m in TRAINING_FREE:  # at the FLOPs the WIDE row of this target removed
+                    match = RunSpec("wide", target=t, sparsity_kind=a.sparsity_kind, distill=a.distill, steps=a.steps)
+                    match.ffn_group_size = g
+                    match = match.key
+                specs.append(
+                    RunSpec(
+                        m,
+                        match_flops=match,
+                        target=t,
+                        sparsity_kind=a.sparsity_kind,
+                        distill=a.distill if m not in TRAINING_FREE else "none",
+                        steps=a.steps,
+                        lora_steps=lora,
+                        ffn_group_size=g,
+                        attn_target=t if a.uniform and m != "teal" else None,
+                        ffn_target=t if a.uniform and m != "teal" else None,
+                    )
+                )
+    return specs
+
+
+def load_specs(path: Path) -> list[RunSpec]:
+    known = {f.name for f in dataclasses.fields(RunSpec)}
+    out = []
+    for i, d in enumerate(json.loads(path.read_text())):
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"--spec {path}: run {i} has unknown fields {unknown} (known: {sorted(known)})")
+        out.append(RunSpec(**d))
+    return out
+
+
+def tiny_setup(a: argparse.Namespace, work: Path) -> list[RunSpec]:
+    """A tiny random Llama with the SmolLM2 tokenizer and a small text file; every method once, a few steps."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from wide.model import smollm2_gguf_path
+
+    model_dir = work / "tiny-model"
+    if not (model_dir / "config.json").is_file():
+        p = smollm2_gguf_path()
+        tok = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+        torch.manual_seed(0)
+        cfg = LlamaConfig(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+            vocab_size=len(tok),
+            max_position_embeddings=512,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+        )
+        LlamaForCausalLM(cfg).save_pretrained(model_dir)
+        tok.save_pretrained(model_dir)
+    corpus = work / "corpus.txt"
+    corpus.write_text(" ".join(f"The number {i} follows {i - 1} and precedes {i + 1}." for i in range(300)))
+    a.model, a.data, a.device = str(model_dir), str(corpus), a.device or "cpu"
+    a.seq_len, a.batch_size, a.router_rank, a.calib_batches, a.save_every = 32, 2, 8, 2, 1
+    a.tasks, a.eval_limit, a.eval_max_length, a.eval_batch_size = "wikitext,arc_easy", 1, 64, 2
+    a.dtype = a.eval_dtype = "fp32"
+    common = dict(target=0.5, steps=2, ffn_group_size=16)
+    return [
+        RunSpec("dense"),
+        *(RunSpec(m, **common) for m in ("wide", "module-skip", "layer-skip", "static-width", "teal")),
+        # the tiny model is mostly lm_head (SmolLM2's vocabulary): a FLOP target of 1% is what routing can reach
+        RunSpec("wide", sparsity_kind="flops", distill="kl+lm", **{**common, "target": 0.01}),
+        RunSpec("wide", lora_steps=2, **common),
+        RunSpec("static-width", match_flops="wide-groups0.5-s2-g16", ffn_group_size=16),
+    ]
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="JSON file of records (appended to, resumable)")
+    p.add_argument("--work", default="runs/quality", help="checkpoint directories, one per run name")
+    p.add_argument("--spec", type=Path, help="JSON list of runs (RunSpec fields); default: the grid flags")
+    p.add_argument("--methods", default="dense,wide,module-skip,layer-skip,static-width,teal")
+    p.add_argument("--targets", default="0.25,0.5")
+    p.add_argument("--sparsity-kind", choices=["groups", "flops"], default="groups")
+    p.add_argument("--distill", choices=["none", "kl", "kl+lm"], default="none")
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--lora-steps", type=int, default=0, help="also a LoRA-recovered row per trained run")
+    p.add_argument("--ffn-group-size", type=_ints, default=[128], help="comma list: one row per size (wide, static)")
+    p.add_argument(
+        "--match-flops",
+        action="store_true",
+        help="static-width / teal rows at the FLOPs removed measured for the WIDE row of the same target",
+    )
+    p.add_argument(
+        "--uniform", action="store_true", help="separate attention / FFN targets equal to the target (eq. 22)"
+    )
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--data")
+    p.add_argument("--data-dir")
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--router-rank", type=int, default=32)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--lora-lr", type=float, default=2e-4)
+    p.add_argument("--lora-r", type=int, default=16)
+    p.add_argument("--calib-batches", type=int, default=8, help="static-width / teal calibration batches")
+    p.add_argument("--save-every", type=int, default=200)
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--device")
+    p.add_argument("--compile", action="store_true", help="torch.compile the decoder layers in trained calibrations")
+    p.add_argument("--tasks", default="all")
+    p.add_argument("--eval-limit", type=int)
+    p.add_argument("--eval-max-length", type=int, default=4096)
+    p.add_argument("--eval-batch-size", type=int, default=8)
+    p.add_argument("--eval-dtype", default="auto", help="auto: bf16 on GPU, fp32 on CPU")
+    p.add_argument("--only", help="comma list of run names to run (default: all)")
+    p.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny random model, every method, 2 steps")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    work, out = Path(a.work), Path(a.out)
+    work.mkdir(parents=True, exist_ok=True)
+    specs = tiny_setup(a, work) if a.tiny else (load_specs(a.spec) if a.spec else grid(a))
+    if a.eval_dtype == "auto":
+        import torch
+
+        a.eval_dtype = "bfloat16" if torch.cuda.is_available() and a.device != "cpu" else "float32"
+    if a.only:
+        keep = set(a.only.split(","))
+        specs = [s for s in specs if s.key in keep]
+    names = [s.key for s in specs]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise SystemExit(f"duplicate run names {dup}: give them distinct `name`s")
+    settings = {k: v for k, v in vars(a).items() if k not in ("spec", "only", "tiny")}
+    records = read_records(out)
+    done = {r["name"] for r in records if r.get("status") == "done"}
+    for spec in specs:
+        if spec.key in done:
+            print(f"[skip] {spec.key}: finished in {out}", file=sys.stderr)
+            continue
+        print(f"[run] {spec.key}", file=sys.stderr)
+        rec = run_one(spec, a, work, read_records(out))
+        records = [r for r in read_records(out) if r.get("name") != spec.key] + [rec]
+        write_records(out, records, settings)
+        print(
+            f"[done] {spec.key}: flops removed {rec['flops_removed']:.3f}, word ppl {rec['wikitext_word_ppl']}, "
+            f"avg acc {rec['avg_acc']}",
+            file=sys.stderr,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

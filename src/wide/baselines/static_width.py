@@ -1,0 +1,194 @@
+"""Static structured width pruning (FLAP / Wanda-sp style): attention groups (one GQA group: its query
+heads, their K/V head, their O rows) and FFN channel groups removed once for every token, chosen from
+calibration activations, no training.
+
+Score of a group (docs/baselines.md): over the real tokens of the calibration batches, run dense,
+  score(group) = Σ_{c in group} mean_tokens |x_c| · ||W[:, c]||_2
+where x is the input of the projection that writes the group back into the residual stream
+(`o_proj` for attention: the group's heads' outputs; `down_proj` for the FFN: the group's channels
+after the gate) and W[:, c] the column of that projection reading channel c. It estimates how much
+the group adds to the residual stream. Selection: remove the fraction s of the groups of each kind with
+the lowest scores, ranked over all layers ("global") or the same count in every layer ("uniform").
+s is the target for sparsity_kind "groups" (attention / FFN targets when separate) and, for "flops",
+the fraction that removes S of the dense forward's FLOPs (a removed attention group takes its K/V
+projections with it; no router runs).
+
+The masks are stored as constant routers in the routers' checkpoint format (zero weights, the per-group
+skip / execute logits in the bias), so loading, evaluation, LoRA recovery and the runtime read them as
+any router checkpoint; argmax and Gumbel routing give the same mask.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from wide.accounting import FlopModel, SparsityMeter
+from wide.config import WideConfig
+from wide.model.wide_model import WideModel, decoder_layers
+from wide.routing import EXECUTE, SKIP, Router
+from wide.train.losses import FlopWeights, flop_weights
+
+ALLOCATIONS = ("global", "uniform")
+CONSTANT_LOGIT = 30.0  # |skip − execute| logit of a constant router: Gumbel noise flips it with p = 1/(1+e^30)
+
+
+def token_weights(meter: SparsityMeter, exec_mask: torch.Tensor) -> torch.Tensor:
+    """[B, T] fp64 weights of the meter's real tokens for a record of exec_mask: [B, T, N_G]."""
+    b, t = exec_mask.shape[:2]
+    tm = meter.token_mask
+    if tm is not None and tm.shape == (b, t):
+        return tm.to(meter.device, torch.float64)
+    return torch.ones(b, t, dtype=torch.float64, device=meter.device)
+
+
+class StaticWidthMeter(SparsityMeter):
+    """SparsityMeter of static width pruning: a removed attention group also removes its K/V projections
+    (its KV head serves no query) and the constant routers cost nothing (the weights can be sliced)."""
+
+    @torch.no_grad()
+    def record(self, layer: int, kind: str, exec_mask: torch.Tensor) -> None:
+        super().record(layer, kind, exec_mask)
+        if kind != "attn":
+            return
+        f, w = self.flops, token_weights(self, exec_mask)
+        skip_frac = 1.0 - exec_mask.to(self.device, torch.float64).mean(-1)  # [B, T]
+        self.saved_flops += (skip_frac * f.attn_dense_linear * w).sum()
+        if layer == 0:
+            self.saved_flops += f.routers_per_layer * f.dims.n_layers * w.sum()
+
+
+def use_static_meter(wm: WideModel) -> WideModel:
+    wm.meter = StaticWidthMeter(FlopModel(wm.dims, wm.shape, wm.config.router_rank), wm.meter.device)
+    return wm
+
+
+def set_constant_routes(router: Router, skip: torch.Tensor) -> None:
+    """Make router decide skip: [N_G] bool (True = skip) for every input, in every routing mode."""
+    if skip.shape != (router.n_groups,):
+        raise ValueError(f"skip mask has shape {tuple(skip.shape)}, the router has {router.n_groups} groups")
+    with torch.no_grad():
+        for p in router.parameters():
+            p.zero_()
+        router.skip_bias.zero_()
+        b = router.up.bias.view(router.n_groups, 2)
+        b[:, EXECUTE] = 0.0
+        b[:, SKIP] = torch.where(skip.to(b.device), CONSTANT_LOGIT, -CONSTANT_LOGIT)
+        probe = torch.randn(3, router.down.in_features, device=b.device)
+        got = router.skip_margin(probe) > 0  # [3, N_G]
+    if not torch.equal(got, skip.to(got.device).expand_as(got)):
+        raise RuntimeError("constant routes do not reproduce the mask: the Router's parameter layout changed")
+
+
+@torch.no_grad()
+def group_scores(wm: WideModel, batches: list[dict], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scores (module docstring) of every attention group [L, N_attn] and FFN group [L, N_ffn] (fp64)."""
+    layers = decoder_layers(wm.model)
+    L, dims, shape = len(layers), wm.dims, wm.shape
+    sums = {
+        "attn": torch.zeros(L, dims.n_q_heads * dims.head_dim, dtype=torch.float64, device=device),
+        "ffn": torch.zeros(L, dims.intermediate, dtype=torch.float64, device=device),
+    }
+    state: dict = {"mask": None, "tokens": 0.0}
+
+    def hook(kind: str, i: int):
+        def pre(module: nn.Module, args: tuple) -> None:
+            x = args[0].detach()  # [B, T, C]
+            m = state["mask"].to(x.device, torch.float32)  # [B, T]
+            sums[kind][i] += torch.einsum("btc,bt->c", x.abs().float(), m).double()  # fp32 per batch, fp64 total
+
+        return pre
+
+    handles = []
+    for i, layer in enumerate(layers):
+        handles.append(layer.self_attn.o_proj.register_forward_pre_hook(hook("attn", i)))
+        handles.append(layer.mlp.down_proj.register_forward_pre_hook(hook("ffn", i)))
+    try:
+        with wm.routing("dense"):
+            for batch in batches:
+                ids, am = batch["input_ids"].to(device), batch["attention_mask"].to(device)
+                state["mask"] = am.bool()
+                state["tokens"] += float(am.sum())
+                wm.hidden_states(ids, attention_mask=am)
+    finally:
+        for h in handles:
+            h.remove()
+    n = max(state["tokens"], 1.0)
+    out = []
+    for kind, proj, width in (
+        ("attn", lambda lyr: lyr.self_attn.o_proj, shape.attn_heads_per_group * dims.head_dim),
+        ("ffn", lambda lyr: lyr.mlp.down_proj, shape.ffn_group_size),
+    ):
+        col_norm = torch.stack([proj(lyr).weight.detach().double().norm(dim=0) for lyr in layers]).to(device)  # [L, C]
+        per_channel = sums[kind] / n * col_norm  # [L, C]
+        out.append(per_channel.view(L, -1, width).sum(-1))  # [L, N_G]
+    return out[0], out[1]
+
+
+def select_removed(scores: torch.Tensor, fraction: float, allocation: str = "global") -> torch.Tensor:
+    """Boolean [L, N] (True = removed): the round(fraction·L·N) lowest scores over all layers ("global"),
+    or the round(fraction·N) lowest of every layer ("uniform"); ties go to the lower index."""
+    if allocation not in ALLOCATIONS:
+        raise ValueError(f"allocation must be one of {ALLOCATIONS}, got {allocation!r}")
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"the fraction of groups to remove must be in [0, 1], got {fraction}")
+    L, N = scores.shape
+    removed = torch.zeros(L, N, dtype=torch.bool, device=scores.device)
+    if allocation == "global":
+        k = round(fraction * L * N)
+        idx = torch.sort(scores.flatten(), stable=True).indices[:k]
+        removed.view(-1)[idx] = True
+    else:
+        k = round(fraction * N)
+        idx = torch.sort(scores, dim=1, stable=True).indices[:, :k]  # [L, k]
+        removed.scatter_(1, idx, True)
+    return removed
+
+
+def static_weights(wm: WideModel, seq_len: int) -> FlopWeights:
+    """FlopWeights of static pruning: no router cost."""
+    return flop_weights(wm.meter.flops, seq_len, routers_per_layer=0)
+
+
+def target_fractions(config: WideConfig, weights: FlopWeights, n_layers: int) -> tuple[float, float]:
+    """(attention, FFN) fraction of groups to remove for the config's target and sparsity_kind."""
+    if config.sparsity_kind == "groups":
+        if config.separate_targets:
+            return config.attn_sparsity, config.ffn_sparsity
+        return config.sparsity, config.sparsity
+    # one fraction s for both kinds; removing s of every group removes s·L·(attn + kv + ffn) of the FLOPs
+    per_unit = n_layers * (weights.attn + weights.kv + weights.ffn)
+    s = config.sparsity / per_unit
+    if s > 1.0:
+        raise ValueError(
+            f"--sparsity {config.sparsity} of the FLOPs cannot be removed by width pruning: at most {per_unit:.3f}"
+        )
+    return s, s
+
+
+@torch.no_grad()
+def calibrate_static_width(
+    wm: WideModel, batches: list[dict], device: torch.device, seq_len: int, allocation: str = "global"
+) -> dict:
+    """Score the groups on batches, remove the target fraction, write the masks into wm's routers.
+    Returns a summary (fractions, removed counts, the analytic FLOP saving at seq_len)."""
+    attn_scores, ffn_scores = group_scores(wm, batches, device)
+    w = static_weights(wm, seq_len)
+    fa, ff = target_fractions(wm.config, w, wm.dims.n_layers)
+    attn_rm = select_removed(attn_scores, fa, allocation)
+    ffn_rm = select_removed(ffn_scores, ff, allocation)
+    for i, r in enumerate(wm.routers):
+        set_constant_routes(r.attn, attn_rm[i])
+        set_constant_routes(r.ffn, ffn_rm[i])
+    a_rate, f_rate = attn_rm.double().mean(1), ffn_rm.double().mean(1)  # [L]
+    saving = float(w.removed(a_rate, f_rate)) + float(a_rate.sum()) * w.kv
+    return {
+        "allocation": allocation,
+        "fractions": {"attn": fa, "ffn": ff},
+        "removed_groups": {"attn": int(attn_rm.sum()), "ffn": int(ffn_rm.sum())},
+        "attn_sparsity": float(attn_rm.double().mean()),
+        "ffn_sparsity": float(ffn_rm.double().mean()),
+        "flop_saving_at_seq_len": saving,
+        "per_layer": {"attn": a_rate.tolist(), "ffn": f_rate.tolist()},
+        "scores": {"attn": attn_scores.cpu().tolist(), "ffn": ffn_scores.cpu().tolist()},
+    }

@@ -1,0 +1,153 @@
+"""Calibration objectives beyond the paper's (docs/baselines.md, "Levers"):
+
+- distillation: KL(p_dense || p_routed) of the next-token distributions, the teacher being the same
+  weights with routing off (one extra no-grad forward), computed in token chunks so that the fp32
+  logits [N, V] of student and teacher exist for one chunk at a time (as `chunked_lm_loss`);
+- a FLOP-weighted sparsity target: α·|S − FLOPs removed| where the FLOPs removed are the per-layer
+  skip rates weighted by what skipping costs per token (`FlopWeights`), so that S = 0.5 means half
+  of the forward's FLOPs removed rather than half of the groups.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from wide.accounting import FlopModel
+from wide.config import WideConfig
+from wide.routing import sparsity_loss
+from wide.train.loss import IGNORE, chunked_lm_loss
+
+
+# ------------------------------------------------------------------------- distillation
+def _chunk_kl_sum(h: torch.Tensor, ht: torch.Tensor, valid: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """h, ht: [N, D] student / teacher hidden states; valid: [N] -> Σ KL(teacher || student) in fp32."""
+    s = F.log_softmax(F.linear(h, weight).float(), dim=-1)  # [N, V]
+    t = F.log_softmax(F.linear(ht, weight).float(), dim=-1)  # [N, V]
+    kl = F.kl_div(s, t, log_target=True, reduction="none").sum(-1)  # [N]
+    return (kl * valid).sum()
+
+
+def chunked_kl_loss(
+    hidden: torch.Tensor,
+    teacher_hidden: torch.Tensor,
+    labels: torch.Tensor,
+    lm_head: torch.nn.Linear,
+    chunk_tokens: int = 8192,
+) -> torch.Tensor:
+    """Mean over the positions the LM loss scores (next label != IGNORE) of KL(p_teacher || p_student).
+
+    hidden: [B, T, D] routed final hidden states (after the final norm); teacher_hidden: [B, T, D]
+    (no grad); labels: [B, T]. Each chunk's student logits are recomputed in the backward pass."""
+    if lm_head.bias is not None:
+        raise ValueError("chunked_kl_loss expects an lm_head without bias")
+    d = hidden.shape[-1]
+    h = hidden[:, :-1].reshape(-1, d)  # [B·(T-1), D]
+    ht = teacher_hidden[:, :-1].reshape(-1, d).detach().to(h.dtype)
+    valid = (labels[:, 1:].reshape(-1) != IGNORE).to(h.device, torch.float32)  # [B·(T-1)]
+    total = hidden.new_zeros((), dtype=torch.float32)
+    for s in range(0, h.shape[0], chunk_tokens):
+        args = (h[s : s + chunk_tokens], ht[s : s + chunk_tokens], valid[s : s + chunk_tokens], lm_head.weight)
+        if torch.is_grad_enabled() and args[0].requires_grad:
+            total = total + checkpoint(_chunk_kl_sum, *args, use_reentrant=False)
+        else:
+            total = total + _chunk_kl_sum(*args)
+    return total / valid.sum().clamp_min(1)
+
+
+@torch.no_grad()
+def teacher_hidden(wm, ids: torch.Tensor, attention_mask: torch.Tensor, adapter=None) -> torch.Tensor | None:
+    """The frozen dense model's final hidden states [B, T, D] (routing off; LoRA off in stage 2), or
+    None when the config does not distil. Call it before the student forward: a forward resets the
+    routing masks the sparsity loss reads."""
+    if wm.config.distill == "none":
+        return None
+    off = adapter.disable_adapter() if adapter is not None else nullcontext()
+    with off, wm.routing("dense"):
+        return wm.hidden_states(ids, attention_mask=attention_mask)
+
+
+def task_loss(
+    wm, hidden: torch.Tensor, labels: torch.Tensor, teacher: torch.Tensor | None, chunk_tokens: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(objective, LM loss): the LM loss, the KL to the teacher, or their sum (config.distill).
+    The LM loss is always returned for logging; it is computed without grad when not optimised."""
+    head = wm.model.lm_head
+    mode = wm.config.distill
+    if mode == "none" or teacher is None:
+        lm = chunked_lm_loss(hidden, labels, head, chunk_tokens)
+        return lm, lm
+    kl = chunked_kl_loss(hidden, teacher, labels, head, chunk_tokens)
+    if mode == "kl":
+        with torch.no_grad():
+            lm = chunked_lm_loss(hidden, labels, head, chunk_tokens)
+        return kl, lm
+    lm = chunked_lm_loss(hidden, labels, head, chunk_tokens)
+    return lm + kl, lm
+
+
+# --------------------------------------------------------------------- FLOP-weighted target
+@dataclass(frozen=True)
+class FlopWeights:
+    """Per-token FLOPs of one layer's parts as fractions of the dense forward (wide.accounting's count),
+    attention scores at the mean key count of a packed sequence of `seq_len` tokens ((T + 1) / 2)."""
+
+    dense: float  # dense FLOPs per token (all layers, lm_head)
+    attn: float  # one layer's Q, O and scores / A·V: what skipping all its attention groups removes
+    kv: float  # one layer's K and V projections (dense under routing; removable by static pruning)
+    ffn: float  # one layer's gate, up and down
+    routers: float  # all routers of the model
+
+    def removed(self, attn_skip: torch.Tensor, ffn_skip: torch.Tensor) -> torch.Tensor:
+        """Fraction of the dense FLOPs removed by per-layer skip rates [L] (router cost subtracted)."""
+        return self.attn * attn_skip.sum() + self.ffn * ffn_skip.sum() - self.routers
+
+
+def flop_weights(flops: FlopModel, seq_len: int, routers_per_layer: int | None = None) -> FlopWeights:
+    """FlopWeights of a model (FlopModel) at sequence length seq_len; routers_per_layer overrides the
+    router FLOPs per token per layer (layer skipping runs one router per layer, not two)."""
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+    n = flops.dims.n_layers
+    scores = float(flops.attn_scores(torch.tensor((seq_len + 1) / 2.0)))
+    attn = flops.attn_prunable_linear + scores
+    dense = n * (flops.attn_dense_linear + attn + flops.ffn) + flops.lm_head
+    routers = flops.routers_per_layer if routers_per_layer is None else routers_per_layer
+    return FlopWeights(
+        dense=float(dense),
+        attn=attn / dense,
+        kv=flops.attn_dense_linear / dense,
+        ffn=flops.ffn / dense,
+        routers=n * routers / dense,
+    )
+
+
+def model_flop_weights(wm, seq_len: int) -> FlopWeights:
+    """FlopWeights of a routed model: its meter's FlopModel, one router per layer for layer skipping."""
+    f = wm.meter.flops
+    # layer skipping: both routers of a layer have one group (equal cost) and only one of them counts
+    w = flop_weights(f, seq_len, f.routers_per_layer // 2 if wm.config.method == "layer-skip" else None)
+    n = f.dims.n_layers
+    most = float(w.removed(torch.ones(n), torch.ones(n)))
+    if wm.config.sparsity_kind == "flops" and wm.config.sparsity > most:
+        raise ValueError(
+            f"--sparsity {wm.config.sparsity} of the FLOPs cannot be removed by this routing: at most {most:.3f} "
+            "(K/V projections, lm_head and the routers stay)"
+        )
+    return w
+
+
+def routing_sparsity_loss(
+    attn_skip: torch.Tensor, ffn_skip: torch.Tensor, config: WideConfig, weights: FlopWeights | None = None
+) -> torch.Tensor:
+    """The sparsity term: paper eq. 6 / 22 (sparsity_kind "groups"), or α·|S − FLOPs removed| ("flops").
+    attn_skip, ffn_skip: per-layer skip rates [L]."""
+    if config.sparsity_kind == "groups":
+        return sparsity_loss(attn_skip, ffn_skip, config)
+    if weights is None:
+        raise ValueError("sparsity_kind='flops' needs the model's FlopWeights")
+    return config.alpha * (config.sparsity - weights.removed(attn_skip, ffn_skip)).abs()
