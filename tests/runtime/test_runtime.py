@@ -340,3 +340,31 @@ def test_graphed_prefill_equals_eager_on_gpu(routed, compile):
     assert torch.equal(rt.cache.lens, lens_eager)
     with pytest.raises(ValueError, match="serves prompts"):
         graphed(ids[:, :100])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["smollm2-135m-s25", "smollm2-135m-s50"])
+def test_shipped_routers_serve_what_was_evaluated(name, monkeypatch):
+    """The shipped routers on SmolLM2-135M in bf16 (CPU torch path): the runtime scores two WikiText-2
+    windows with the masked path's decisions (0 of ~100k differing) and its logits, bit for bit."""
+    from wide.eval.tasks import data_path
+    from wide.model import load_model, load_routers
+    from wide.paths import resolve_routers
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    model, tok = load_model("smollm2-135m", dtype=torch.bfloat16, device="cpu")
+    wm = load_routers(model, str(resolve_routers(name))).eval()
+    toks = tok.encode(data_path("wikitext", 0, None).read_text(encoding="utf-8")[:20000])
+    ids = torch.tensor([toks[:192], toks[500:692]])
+    with torch.no_grad():
+        ref = wm(ids).logits
+    ref_masks = [(m["attn"].clone(), m["ffn"].clone()) for m in wm.last_masks]
+    rt = WideRuntime(wm, max_batch=2, max_seq=192)
+    seen: list = []
+    step = rt.step
+    rt.step = lambda *a: (lambda out: (seen.append(out[1:]), out)[1])(step(*a))
+    out = rt.score(ids)
+    n = sum(a.numel() + f.numel() for a, f in ref_masks)
+    differ = sum(int((a != ra).sum() + (f != rf).sum()) for (a, f), (ra, rf) in zip(seen, ref_masks, strict=True))
+    assert n > 100_000 and differ == 0
+    assert torch.equal(out, ref)
