@@ -15,6 +15,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
+from wide.bench.gemm_bench import DECODE_MASK_DRAWS
 from wide.bench.timing import copies_for as _copies
 from wide.bench.timing import time_calls as time_graph
 
@@ -165,12 +166,14 @@ def bench_decode(b: int, ctx: int, sparsities, dtype=torch.bfloat16, config=None
     baseline, dense_ms, all_dense = _BASELINE_CACHE[key]
     rows = []
     splits = None if waves is None else decode_num_splits(b, HK, ctx, torch.device("cuda"), waves=waves)
+    draws = max(n, DECODE_MASK_DRAWS)  # a [B, Hk] mask of 8 groups strays far from its level: cycle many
     for s in sparsities:
-        masks = [torch.rand(b, HK, device="cuda") >= s for _ in range(n)]
+        masks = [torch.rand(b, HK, device="cuda") >= s for _ in range(draws)]
         wide = [
-            partial(routed_attention_decode, q, k, v, lens, m, num_splits=splits, config=config)
-            for q, k, v, m in zip(qs, ks, vs, masks, strict=False)
-        ]
+            partial(routed_attention_decode, qs[i % n], ks[i % n], vs[i % n], lens, m, num_splits=splits,
+                    config=config)
+            for i, m in enumerate(masks)
+        ]  # fmt: skip
         wide_ms = time_graph(wide)
         real = 1.0 - torch.stack(masks).float().mean().item()
         rows.append(
@@ -178,6 +181,7 @@ def bench_decode(b: int, ctx: int, sparsities, dtype=torch.bfloat16, config=None
                 "attn_decode", b, "ctx", ctx, s, dense_ms, wide_ms, baseline, real_sparsity=round(real, 4),
                 dense_all_ms=all_dense, speedup_vs_flash=_vs_flash(all_dense, wide_ms),
                 speedup_vs_sdpa_default=_vs_default(all_dense, wide_ms),
+                mask_draws=draws,
                 note="SDPA over the full cache (q [B,Hq,1,d]); all cache_lens = ctx; random i.i.d. masks",
             )
         )  # fmt: skip
