@@ -115,3 +115,22 @@ def test_errors(data_root, tiny_dir, tmp_path, monkeypatch, make_ckpt):
         run_eval(str(tiny_dir), [str(other)], ["boolq"], limit=1, device="cpu", dense=False)
     with pytest.raises(FileNotFoundError, match="router checkpoint"):
         run_eval(str(tiny_dir), [str(tmp_path / "missing")], ["boolq"], device="cpu")
+
+
+def test_run_eval_through_the_runtime_equals_the_masked_path(data_root, tiny_dir, tiny_routers, monkeypatch):
+    """`wide eval --runtime` scores through WideRuntime: on the CPU torch path its perplexity, task scores
+    and metered sparsity equal the masked path's exactly (docs/routing.md)."""
+    from wide.eval.runner import run_eval
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    kw = dict(limit=2, batch_size=4, max_length=128, device="cpu", check_wikitext=False)
+    masked = run_eval(str(tiny_dir), [str(tiny_routers)], "wikitext,arc_easy,boolq", **kw)
+    served = run_eval(str(tiny_dir), [str(tiny_routers)], "wikitext,arc_easy,boolq", runtime=True, **kw)
+    assert served["settings"]["path"] == "runtime" and masked["settings"]["path"] == "masked"
+    for name in ("dense", str(tiny_routers)):
+        m, s = masked["rows"][name], served["rows"][name]
+        assert s["wikitext"]["word_perplexity"] == m["wikitext"]["word_perplexity"]
+        assert s["tasks"] == m["tasks"]
+    m, s = masked["rows"][str(tiny_routers)]["sparsity"], served["rows"][str(tiny_routers)]["sparsity"]
+    assert s["all"]["tokens"] == m["all"]["tokens"] > 0
+    assert s["all"]["attn_sparsity"] == m["all"]["attn_sparsity"] > 0
