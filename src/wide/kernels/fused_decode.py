@@ -19,7 +19,7 @@ in a fixed order (deterministic, no second "sum the splits" launch). Per decoder
 The routers stay the project's own op on the normed h that these kernels write, so a decision is the
 one ``router_decisions`` takes on that h (``wide.kernels.router``). The normalisation itself is this
 module's ``_norm_rows`` (fp32 inside, rounded to the model dtype, times the weight, as
-``wide.runtime.model.rms_norm``); its reduction order is the kernel's, so h equals torch's up to fp32
+``rms_norm_ref``); its reduction order is the kernel's, so h equals torch's up to fp32
 rounding of the mean (see tests/kernels/test_fused_decode.py).
 
 The FFN's producer/consumer split is one launch: every program draws a ticket (an atomic counter) and
@@ -70,13 +70,15 @@ _LOG2E = 1.4426950408889634
 # Torch references (the semantics, in the order torch computes them)
 # --------------------------------------------------------------------------------------------------
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Llama RMSNorm as ``wide.runtime.model.rms_norm``: fp32 inside, x's dtype out, times the weight."""
+    """Llama RMSNorm as the Hugging Face module computes it (the runtime's norm): fp32 inside, x's dtype
+    out, times the weight."""
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """RoPE's rotation: [a, b] -> [-b, a] over the last axis."""
     a, b = x.chunk(2, dim=-1)
     return torch.cat((-b, a), dim=-1)
 
@@ -105,7 +107,7 @@ def qkv_rope_cache_ref(
     if q_norm is not None:
         q, k = rms_norm_ref(q, q_norm, qk_eps), rms_norm_ref(k, k_norm, qk_eps)
     c, s = cos[:, None, :].to(h.dtype), sin[:, None, :].to(h.dtype)
-    q, k = q * c + _rotate_half(q) * s, k * c + _rotate_half(k) * s
+    q, k = q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
     idx = torch.arange(b, device=h.device)
     k_cache[idx, pos.long()] = k
     v_cache[idx, pos.long()] = v

@@ -40,6 +40,8 @@ import torch
 import torch.nn.functional as F
 
 from wide import kernels as K
+from wide.kernels.fused_decode import rms_norm_ref as rms_norm
+from wide.kernels.fused_decode import rotate_half
 from wide.model.checkpoint import FittedRates
 from wide.model.wide_model import WideModel, decoder_layers
 
@@ -107,22 +109,10 @@ class StepConfig(NamedTuple):
     ffn_sparsity_hint: float | None = None
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Llama RMSNorm (fp32 inside, input dtype out), as the Hugging Face module computes it."""
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat((-b, a), dim=-1)
-
-
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [B, T, H, d]; cos, sin: [B, T, d]."""
     c, s = cos[:, :, None, :].to(x.dtype), sin[:, :, None, :].to(x.dtype)
-    return x * c + _rotate_half(x) * s
+    return x * c + rotate_half(x) * s
 
 
 def _attention(
