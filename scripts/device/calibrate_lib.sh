@@ -43,7 +43,7 @@ alive() { # a calibrate process of run sNN is running (pgrep, else a /proc scan)
 ckpt_step() { # step of the complete checkpoint that run dir $1's `latest` names, else -1
   # (calibrate.py renames .tmp-checkpoint-N to checkpoint-N, then atomically rewrites `latest`)
   local c
-  c=$(cat "$1/latest" 2>/dev/null) && [ -f "$1/$c/trainer_state.pt" ] && echo "${c#checkpoint-}" || echo -1
+  c=$(cat "$1/latest" 2>/dev/null) && [ -f "$1/$c/trainer_state.safetensors" ] && echo "${c#checkpoint-}" || echo -1
 }
 
 dir_progress() { # how far run dir $1 got: a finished run beats any checkpoint
@@ -153,7 +153,7 @@ snapshot() { # $OUT/calib_sNN.tar: run sNN's newest complete checkpoint (or its 
     for i in 1 2 3; do # `latest` moves on (and the older checkpoint is deleted) only once a newer one is
       c=$(cat "$d/latest" 2>/dev/null) || break # complete: if it still names $c after the copy, the copy is whole
       cp -r "$d/$c" "$t/" 2>/dev/null
-      if [ "$(cat "$d/latest")" = "$c" ] && [ -f "$t/$c/trainer_state.pt" ]; then
+      if [ "$(cat "$d/latest")" = "$c" ] && [ -f "$t/$c/trainer_state.safetensors" ]; then
         printf %s "$c" >"$t/latest"
         break
       fi
