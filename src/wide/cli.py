@@ -209,7 +209,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
         out=a.out,
         dense=not a.no_dense,
         check_wikitext=not a.no_lm_eval_check,
-        runtime=a.runtime,
+        runtime={"runtime": True, "masked": False, None: None}[a.path],
         strict_base=not a.no_strict_base,
     )
     if not a.out:
@@ -571,10 +571,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="JSON file (a markdown table is written next to it; rewritten after every row; default: print JSON)",
     )
     e.add_argument("--no-dense", action="store_true", help="only the router checkpoints (no dense base-model row)")
-    e.add_argument(
+    path = e.add_mutually_exclusive_group()
+    path.add_argument(
         "--runtime",
-        action="store_true",
-        help="score through the served runtime (routed kernels, static cache) instead of the masked HF path",
+        dest="path",
+        action="store_const",
+        const="runtime",
+        help="score through the served runtime (routed kernels, static cache); default: on a GPU wherever it "
+        "serves the routers (on the CPU the two paths are bit-identical)",
+    )
+    path.add_argument(
+        "--masked",
+        dest="path",
+        action="store_const",
+        const="masked",
+        help="score through the masked Hugging Face path (the reference) only",
     )
     e.add_argument(
         "--no-lm-eval-check",

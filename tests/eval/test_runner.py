@@ -126,7 +126,10 @@ def test_run_eval_through_the_runtime_equals_the_masked_path(data_root, tiny_dir
     kw = dict(limit=2, batch_size=4, max_length=128, device="cpu", check_wikitext=False)
     masked = run_eval(str(tiny_dir), [str(tiny_routers)], "wikitext,arc_easy,boolq", **kw)
     served = run_eval(str(tiny_dir), [str(tiny_routers)], "wikitext,arc_easy,boolq", runtime=True, **kw)
-    assert served["settings"]["path"] == "runtime" and masked["settings"]["path"] == "masked"
+    assert served["settings"]["path"] == "runtime" and masked["settings"]["path"] == "auto"
+    assert {r["path"] for r in masked["rows"].values()} == {"masked"}  # auto on the CPU: the masked path
+    assert {r["path"] for r in served["rows"].values()} == {"runtime"}
+    assert "Scored through: Dense runtime" in served["markdown"]
     for name in ("dense", str(tiny_routers)):
         m, s = masked["rows"][name], served["rows"][name]
         assert s["wikitext"]["word_perplexity"] == m["wikitext"]["word_perplexity"]

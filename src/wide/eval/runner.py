@@ -187,12 +187,14 @@ def run_eval(
     check_wikitext: bool = True,
     softmax_dtype: str | None = "float32",
     strict_base: bool = True,
-    runtime: bool = False,
+    runtime: bool | None = None,
 ) -> dict:
     """Evaluate the dense base model and each router checkpoint; return (and write) the results.
 
     runtime: score through ``wide.runtime.WideRuntime`` (the routed kernels users are served; dense rows
     through the same runtime with routed=False) instead of the masked Hugging Face path (the reference).
+    None (default): the runtime on a CUDA device where it serves the row (per-group routers, a dtype its
+    kernels take, a cache that fits), else the masked path; each row records the path it took.
     On CPU both paths give bit-identical logits; on the GPU they differ by the kernels' bf16 rounding.
 
     tasks: "all" (seven zero-shot tasks + wikitext), or names from ALL_TASKS. limit: first N examples
@@ -223,7 +225,7 @@ def run_eval(
     rows: dict[str, dict] = {}
 
     def evaluate(lm, wm, label: str) -> dict:
-        return _evaluate_one(
+        return {"path": lm.path} | _evaluate_one(
             lm,
             wm,
             zs,
@@ -251,7 +253,7 @@ def run_eval(
                 "dtype": str(parse_dtype(dtype)),
                 "device": str(device),
                 "softmax_dtype": softmax_dtype,
-                "path": "runtime" if runtime else "masked",
+                "path": {True: "runtime", False: "masked", None: "auto"}[runtime],
                 "num_fewshot": 0,
                 "table_metric": {t: TABLE_METRIC[t] for t in zs},
             },
@@ -267,20 +269,38 @@ def run_eval(
         return res
 
     def make_lm(m, wm: WideModel | None, **kw):
-        if not runtime:
-            return WideLM(model, model=m, tokenizer=tok, wide_model=wm, **kw, **lm_kwargs)
+        """The lm-eval model of one row: over the runtime or the masked path (see ``runtime``)."""
+
+        def masked() -> WideLM:
+            lm = WideLM(model, model=m, tokenizer=tok, wide_model=wm, **kw, **lm_kwargs)
+            lm.path = "masked"
+            return lm
+
+        unsupported = wm is not None and wm.config.method in ("layer-skip", "teal")
+        if runtime is False or (runtime is None and (unsupported or not str(device).startswith("cuda"))):
+            return masked()
+        if unsupported:
+            raise ValueError(f"--runtime serves per-group routers; {kw.get('routers')} holds {wm.config.method}")
         from wide.config import WideConfig
         from wide.eval.lm_eval_model import RuntimeLM, RuntimeScorer
         from wide.runtime import WideRuntime
 
-        if wm is not None and wm.config.method in ("layer-skip", "teal"):
-            raise ValueError(f"--runtime serves per-group routers; {kw.get('routers')} holds {wm.config.method}")
         carrier = wm if wm is not None else WideModel(m, WideConfig())  # dense: routers unused
-        rt = WideRuntime(carrier, max_batch=batch_size, max_seq=max(max_length, ppl_max_length), routed=wm is not None)
-        if wm is None:
-            carrier.detach()
+        try:
+            rt = WideRuntime(
+                carrier, max_batch=batch_size, max_seq=max(max_length, ppl_max_length), routed=wm is not None
+            )
+        except (ValueError, torch.cuda.OutOfMemoryError) as e:
+            if runtime is True:
+                raise
+            print(f"evaluating {kw.get('routers', 'dense')} on the masked path: the runtime cannot serve it ({e})")
+            return masked()
+        finally:
+            if wm is None:
+                carrier.detach()
         lm = RuntimeLM(model, model=m, tokenizer=tok, wide_model=wm, runtime=rt, **kw, **lm_kwargs)
         lm.scorer = RuntimeScorer(rt)
+        lm.path = "runtime"
         return lm
 
     if dense:
@@ -371,6 +391,9 @@ def to_markdown(result: dict) -> str:
             f"WikiText2: word perplexity, {s['ppl_max_length']}-token rolling windows (lm-eval's "
             "`wikitext` method)" + (f"; agrees with lm-eval's own run to {max(rd):.1e} relative{which}." if rd else ".")
         )
+    paths = {("Dense" if n == "dense" else Path(n).name): r.get("path") for n, r in result["rows"].items()}
+    if any(paths.values()):  # docs/routing.md: the served runtime, or the masked reference path
+        notes.append("Scored through: " + ", ".join(f"{n} {p}" for n, p in paths.items() if p) + ".")
     return "\n".join(lines + notes) + "\n"
 
 
