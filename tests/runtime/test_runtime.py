@@ -368,3 +368,21 @@ def test_shipped_routers_serve_what_was_evaluated(name, monkeypatch):
     differ = sum(int((a != ra).sum() + (f != rf).sum()) for (a, f), (ra, rf) in zip(seen, ref_masks, strict=True))
     assert n > 100_000 and differ == 0
     assert torch.equal(out, ref)
+
+
+def test_compiled_step_without_the_interpreter_has_no_graph_breaks():
+    """The ops' torch paths run inside traced ``triton_op`` bodies when Triton is not interpreted (as on a
+    GPU machine): no host reads there. Runs the compiled-step test in a fresh process without the
+    interpreter (the flag is read when the kernels are imported)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    test = "tests/runtime/test_runtime.py::test_compiled_layer_step_equals_eager"
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    res = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+        cwd=root, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-3000:]
