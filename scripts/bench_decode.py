@@ -124,13 +124,21 @@ def _bytes_read(rt: WideRuntime, batch: int, ctx: int, masks) -> tuple[int, dict
 
 
 def measure(
-    wm: WideModel, routed: bool, fused: bool, batch: int, ctx: int, reps: int, hints: tuple | None = None
+    wm: WideModel,
+    routed: bool,
+    fused: bool,
+    batch: int,
+    ctx: int,
+    reps: int,
+    hints: tuple | None = None,
+    compile: bool = False,
 ) -> dict:
-    """TPOT of one CUDA-graph decode step at ``ctx`` cached tokens, kernels, bytes and TB/s."""
+    """TPOT of one CUDA-graph decode step at ``ctx`` cached tokens, kernels, bytes and TB/s. ``compile``:
+    the unfused layer step through torch.compile (the strong unfused baseline of ``wide bench e2e``)."""
     attn_hint, ffn_hint = hints if hints is not None else (None, None)
     rt = WideRuntime(
         wm, max_batch=batch, max_seq=ctx + 16, routed=routed, fused_decode=fused,
-        attn_sparsity_hint=attn_hint, ffn_sparsity_hint=ffn_hint,
+        attn_sparsity_hint=attn_hint, ffn_sparsity_hint=ffn_hint, compile=compile and not fused,
     )  # fmt: skip
     dev = rt.cache.k.device
     ids = torch.randint(0, wm.dims.vocab, (batch, 1), device=dev)
@@ -271,6 +279,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--budget-s", type=float, default=280.0)
     ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument(
+        "--eager-unfused", action="store_true", help="unfused variants without torch.compile (default: compiled)"
+    )
     ap.add_argument("--smoke", action="store_true", help="tiny model (CPU interpreter / quick GPU check)")
     ap.add_argument("--tune", default="", help="fused launch overrides, e.g. ffn_block_n=64,num_stages=4")
     args = ap.parse_args()
@@ -319,6 +330,9 @@ def main() -> None:
         _write(args.out, rows, meta)
         return rec
 
+    def comp(fused: bool) -> bool:  # the unfused step compiled on a GPU (the e2e benchmark's baseline)
+        return not fused and str(dev).startswith("cuda") and not args.eager_unfused
+
     model = build_model(shape, dev, dtype)
     wm = WideModel(model, WideConfig(ffn_group_size=128 if not args.smoke else 32))
     probe = torch.randint(0, shape["vocab_size"], (1, 512 if not args.smoke else 32), device=dev)
@@ -326,8 +340,8 @@ def main() -> None:
     for b in batches:
         for fused in (False, True):
             r = run(
-                {"kind": "tpot", "variant": "dense", "fused": fused, "B": b, "sparsity": 0.0},
-                lambda b=b, fused=fused: measure(wm, False, fused, b, args.ctx, args.reps),
+                {"kind": "tpot", "variant": "dense", "fused": fused, "B": b, "sparsity": 0.0, "compiled": comp(fused)},
+                lambda b=b, fused=fused: measure(wm, False, fused, b, args.ctx, args.reps, compile=comp(fused)),
             )
             dense[(b, fused)] = r.get("tpot_ms")
     for a_rate, f_rate in levels:
@@ -340,8 +354,10 @@ def main() -> None:
         for b in batches:
             for fused in (False, True):
                 r = run(
-                    {"kind": "tpot", "variant": "wide", "fused": fused, "B": b, "sparsity": s},
-                    lambda b=b, fused=fused, h=(a_rate, f_rate): measure(wm, True, fused, b, args.ctx, args.reps, h),
+                    {"kind": "tpot", "variant": "wide", "fused": fused, "B": b, "sparsity": s, "compiled": comp(fused)},
+                    lambda b=b, fused=fused, h=(a_rate, f_rate): measure(
+                        wm, True, fused, b, args.ctx, args.reps, h, compile=comp(fused)
+                    ),
                 )
                 for key, ref in (
                     ("tpot_speedup", dense.get((b, False))),
