@@ -27,6 +27,7 @@ import traceback
 import torch
 
 from wide.bench.e2e import LLAMA_8B, build_model
+from wide.bench.timing import median_ms
 from wide.config import WideConfig
 from wide.kernels import fused_decode
 from wide.model import WideModel
@@ -45,23 +46,6 @@ def routers_at(wm: WideModel, attn: float, ffn: float, tokens: torch.Tensor) -> 
     rates = {key: attn if key[1] == "attn" else ffn for key in margins}
     for (i, k), d in fit_offsets(margins, rates, "router").items():
         getattr(wm.routers[i], k).skip_bias.fill_(d)
-
-
-def _median_ms(fn, reps: int) -> float:
-    if not torch.cuda.is_available():  # --smoke on a CPU: wall time
-        t = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        return (time.perf_counter() - t) / reps * 1e3
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
 
 
 def _count_kernels(fn) -> int | None:
@@ -151,7 +135,7 @@ def measure(
         step(ids)
 
     decode()
-    tpot = _median_ms(decode, reps)
+    tpot = median_ms(decode, reps, dev)
     masks = None
     if fused and routed:  # the graph's own router outputs, as the last replay left them
         decode()
@@ -225,7 +209,10 @@ def hf_static_decode(model, batch: int, ctx: int, reps: int) -> dict:
             decode()
         torch.cuda.synchronize()
         compile_s = time.time() - t0
-        return {"tpot_ms": _median_ms(decode, reps), "compile_s": compile_s}
+        return {
+            "tpot_ms": median_ms(decode, reps, "cuda" if torch.cuda.is_available() else "cpu"),
+            "compile_s": compile_s,
+        }
 
 
 def _write(out: str, rows: list[dict], meta: dict) -> None:

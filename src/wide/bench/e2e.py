@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from wide.bench.timing import median_ms
 from wide.config import WideConfig
 from wide.kernels import clear_autotune_cache
 from wide.model import WideModel
@@ -59,23 +60,6 @@ def routers_at(wm: WideModel, rate: float, tokens: torch.Tensor) -> None:
         getattr(wm.routers[i], k).skip_bias.fill_(d)
 
 
-def _time_ms(fn, reps: int, device: str) -> float:
-    if device != "cuda":
-        t = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        return (time.perf_counter() - t) / reps * 1e3
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
-
-
 def measure(
     wm: WideModel,
     routed: bool,
@@ -109,7 +93,7 @@ def measure(
 
     prefill()  # warm-up (compile, autotune)
     prefill()
-    ttft = _time_ms(prefill, reps, device)  # each kernel issued from Python (host-bound when GPU work is short)
+    ttft = median_ms(prefill, reps, device)  # each kernel issued from Python (host-bound when GPU work is short)
     extra = {}
     if graph and device == "cuda":  # the same prefill replayed from a CUDA graph (a server's length buckets)
         try:
@@ -119,7 +103,7 @@ def measure(
                 rt.cache.reset()
                 graphed(ids)
 
-            extra["ttft_graph_ms"] = _time_ms(prefill_graph, reps, device)
+            extra["ttft_graph_ms"] = median_ms(prefill_graph, reps, device)
             del graphed
         except RuntimeError as exc:  # record, keep measuring
             extra["ttft_graph_error"] = repr(exc)[:300]
@@ -141,7 +125,7 @@ def measure(
             rt.decode(step_ids)
 
         decode()
-    tpot = _time_ms(decode, reps * 4, device)
+    tpot = median_ms(decode, reps * 4, device)
     return {"ttft_ms": ttft, "tpot_ms": tpot, **extra}
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections.abc import Callable, Sequence
 
 import torch
@@ -74,3 +75,22 @@ def time_calls(fns: Sequence[Callable[[], object]], target_ms: float = 3.0, repl
 def time_together(fn_lists: Sequence[Sequence[Callable[[], object]]], target_ms: float = 3.0) -> list[float]:
     """``time_calls`` of several variants (e.g. dense and WIDE), their replays interleaved."""
     return time_interleaved([capture_calls(fns, target_ms) for fns in fn_lists])
+
+
+def median_ms(fn: Callable[[], object], reps: int, device: str | torch.device) -> float:
+    """Median wall time of ``reps`` calls of fn in ms: CUDA events around each call on a GPU (synchronised
+    after each), the host clock over all calls elsewhere (CPU smoke runs)."""
+    if not str(device).startswith("cuda"):
+        t = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        return (time.perf_counter() - t) / reps * 1e3
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return sorted(times)[len(times) // 2]
