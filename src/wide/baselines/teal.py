@@ -29,7 +29,7 @@ import torch.nn as nn
 
 from wide.accounting import FlopModel
 from wide.config import ModelDims, WideConfig
-from wide.model.wide_model import decoder_layers
+from wide.model.wide_model import decoder_layers, model_id_of
 from wide.train.losses import flop_weights
 
 SITES = ("qkv", "o", "gateup", "down")
@@ -143,11 +143,7 @@ class TealModel(nn.Module):
         self.model, self.config = model, config
         self.dims = ModelDims.from_hf_config(model.config)
         self.shape = config.routing_shape(self.dims)
-        self.base_model_id = (
-            base_model_id
-            or getattr(model.config, "wide_model_id", None)
-            or getattr(model.config, "_name_or_path", "unknown")
-        )
+        self.base_model_id = base_model_id or model_id_of(model)
         device = next(model.parameters()).device
         self.routers = nn.ModuleList(TealThresholds() for _ in layers).to(device)
         self.mode = "argmax"

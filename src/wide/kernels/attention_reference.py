@@ -16,6 +16,12 @@ def _expand_heads(x: torch.Tensor, hpg: int, dim: int) -> torch.Tensor:
     return x if hpg == 1 else x.repeat_interleave(hpg, dim=dim)
 
 
+def _zero_skipped(o: torch.Tensor, mask: torch.Tensor, hpg: int, head_dim: int) -> torch.Tensor:
+    """o with the heads of skipped groups set to 0: mask [..., Hk] bool, heads on o's axis head_dim."""
+    keep = _expand_heads(mask.bool(), hpg, head_dim)  # [..., Hq]
+    return torch.where(keep[..., None], o, torch.zeros((), dtype=o.dtype, device=o.device))
+
+
 def attention_prefill_ref(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -47,8 +53,7 @@ def attention_prefill_ref(
         s = s.masked_fill(kpos > qpos, float("-inf"))
     p = torch.softmax(s, dim=-1)
     o = torch.matmul(p, vh).transpose(1, 2)  # [B,Tq,Hq,d]
-    keep = _expand_heads(mask.bool(), hpg, 2)  # [B,Tq,Hq]
-    o = torch.where(keep[..., None], o, torch.zeros((), dtype=o.dtype, device=o.device))
+    o = _zero_skipped(o, mask, hpg, 2)  # o: [B, Tq, Hq, d]
     return o.to(q.dtype)
 
 
@@ -71,8 +76,7 @@ def attention_prefill_sdpa(
     o = torch.nn.functional.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal, enable_gqa=True, scale=sm_scale
     ).transpose(1, 2)  # [B, Tq, Hq, d]
-    keep = _expand_heads(mask.bool(), hq // hk, 2)  # [B, Tq, Hq]
-    return torch.where(keep[..., None], o, torch.zeros((), dtype=o.dtype, device=o.device))
+    return _zero_skipped(o, mask, hq // hk, 2)
 
 
 def attention_decode_ref(
@@ -104,8 +108,7 @@ def attention_decode_ref(
     s = s.masked_fill(~valid[:, None, :], float("-inf"))
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # rows of length 0 -> 0
     o = torch.matmul(p[:, :, None, :], vh).squeeze(2)  # [B,Hq,d]
-    keep = _expand_heads(mask.bool(), hpg, 1)  # [B,Hq]
-    o = torch.where(keep[..., None], o, torch.zeros((), dtype=o.dtype, device=o.device))
+    o = _zero_skipped(o, mask, hpg, 1)  # o: [B, Hq, d]
     return o.to(q.dtype)
 
 
@@ -130,5 +133,4 @@ def attention_decode_sdpa(
     o = torch.nn.functional.scaled_dot_product_attention(
         q[:, :, None], k_cache[:, :n].transpose(1, 2), v_cache[:, :n].transpose(1, 2), enable_gqa=True, scale=sm_scale
     )[:, :, 0]  # [B, Hq, d]
-    keep = _expand_heads(mask.bool(), hq // hk, 1)  # [B, Hq]
-    return torch.where(keep[..., None], o, torch.zeros((), dtype=o.dtype, device=o.device))
+    return _zero_skipped(o, mask, hq // hk, 1)

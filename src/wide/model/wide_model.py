@@ -59,6 +59,11 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     return layers
 
 
+def model_id_of(model: nn.Module) -> str:
+    """The base model's id a router checkpoint records: WIDE's own tag, else the HF name or path."""
+    return getattr(model.config, "wide_model_id", None) or getattr(model.config, "_name_or_path", "unknown")
+
+
 class _Slot:
     """What the hooks of one layer and kind need: the layer index (metering), the router, the masks."""
 
@@ -82,11 +87,7 @@ class WideModel(nn.Module):
         self.config = config
         self.dims = ModelDims.from_hf_config(model.config)
         self.shape = config.routing_shape(self.dims)
-        self.base_model_id = (
-            base_model_id
-            or getattr(model.config, "wide_model_id", None)
-            or getattr(model.config, "_name_or_path", "unknown")
-        )
+        self.base_model_id = base_model_id or model_id_of(model)
         device = next(model.parameters()).device
         self.routers = nn.ModuleList(LayerRouters(self.dims, self.shape, config) for _ in layers).to(device)
         self.mode: RoutingMode = "argmax"
