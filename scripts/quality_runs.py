@@ -7,12 +7,23 @@ interrupted trained calibration continues from its latest checkpoint (`--resume`
       --methods dense,wide,module-skip,layer-skip,static-width,teal --targets 0.25,0.5 --steps 2000
   python scripts/quality_runs.py --spec runs.json --out ...     # a JSON list of run objects (RunSpec fields)
   python scripts/quality_runs.py --tiny --out /tmp/q.json --work /tmp/q   # CPU smoke test, tiny random model
+  python scripts/quality_runs.py --spec runs.json --out ... --jobs 8 --budget-s 480 --grace-s 60   # one GPU
 
 A record names: method, name, target, sparsity_kind, distill, steps, lora_steps, tokens (calibration +
-LoRA), gpu_minutes (wall time of calibration + LoRA on this machine), eval_minutes, real_sparsity
-(attn / ffn / overall = their mean, over every evaluated token), flops_removed (the same tokens,
-router cost included, as wide.accounting counts), wikitext_word_ppl, tasks (per-task table metric),
-avg_acc, the commands that produced the checkpoint, and the checkpoint directory.
+LoRA), gpu_minutes (wall time of calibration + LoRA on this machine), eval_minutes, concurrent_jobs (the
+--jobs the row ran under: its times are shared-machine times), eval_limit (examples per task, None =
+full sets), real_sparsity (attn / ffn / overall = their mean, over every evaluated token), flops_removed
+(the same tokens, router cost included, as wide.accounting counts), wikitext_word_ppl, tasks (per-task
+table metric), avg_acc, the commands that produced the checkpoint, and the checkpoint directory.
+
+Concurrent rows (--jobs N > 1, or --grace-s > 0): each row runs in its own process (this script with
+--row WORK/NAME/row.json, which the driver writes), its output in WORK/NAME/log.txt; at most N at a
+time; a match_flops row starts once the row it names has a finished record. Only the driver writes
+--out: a finished row's record, or `status: "failed"` with the last line of its log (the others go
+on), or `status: "interrupted"` for a row stopped at the budget. Records are kept in spec order.
+--budget-s S: no row starts after S seconds from the driver's start; with --grace-s G > 0 the rows
+still running get SIGTERM at S + G (a trained stage resumes from its latest checkpoint on the next
+call). With --jobs 1 and no grace the rows run in this process, one after the other, as before.
 """
 
 from __future__ import annotations
@@ -22,6 +33,8 @@ import dataclasses
 import json
 import os
 import shlex
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -99,6 +112,17 @@ def write_records(path: Path, records: list[dict], settings: dict) -> None:
     os.replace(tmp, path)
 
 
+def merge_record(records: list[dict], rec: dict, order: dict[str, int]) -> list[dict]:
+    """records with rec in place of any record of its name, in spec order (order: name -> index in the
+    spec list); records of names outside the specs keep their relative order after those."""
+    rest = [r for r in records if r.get("name") != rec["name"]] + [rec]
+    return sorted(rest, key=lambda r: order.get(r.get("name"), len(order)))
+
+
+def finished_record(records: list[dict], name: str) -> dict | None:
+    return next((r for r in records if r.get("name") == name and r.get("status") == "done"), None)
+
+
 # ------------------------------------------------------------------------------------- running
 def _cli(args: list) -> tuple[str, float]:
     """Run `wide ARGS` in this process; return the command line and its wall time (s)."""
@@ -129,7 +153,10 @@ def run_stage(ckpt: Path, args: list, trained: bool) -> tuple[dict, str, float]:
     if done is not None:
         return done, cmd, 0.0
     resume = trained and (ckpt / "latest").is_file()
-    cmd, wall = _cli(args + (["--resume"] if resume else []))
+    # a stage stopped before its first checkpoint (or a training-free one stopped while saving) left
+    # files that a fresh start refuses: it starts over in place
+    restart = not resume and ckpt.is_dir() and any(ckpt.iterdir())
+    cmd, wall = _cli(args + (["--resume"] if resume else ["--overwrite"] if restart else []))
     return _finished(ckpt) or {}, cmd, wall
 
 
@@ -185,7 +212,18 @@ def evaluate(a: argparse.Namespace, ckpt: Path | None) -> tuple[dict, float]:
     return row, time.perf_counter() - t0
 
 
-def make_record(spec: RunSpec, row: dict, stages: list[tuple[dict, str, float]], eval_s: float, ckpt) -> dict:
+def make_record(
+    spec: RunSpec,
+    row: dict,
+    stages: list[tuple[dict, str, float]],
+    eval_s: float,
+    ckpt,
+    *,
+    jobs: int,
+    eval_limit: int | None,
+) -> dict:
+    """A finished row's record; jobs (rows run at once) and eval_limit (None: full sets) are the
+    conditions its times and scores were measured under."""
     sp = row.get("sparsity", {}).get("all") or {}
     attn, ffn = sp.get("attn_sparsity", 0.0), sp.get("ffn_sparsity", 0.0)
     tasks = {t: v["score"] for t, v in row.get("tasks", {}).items()}
@@ -205,6 +243,8 @@ def make_record(spec: RunSpec, row: dict, stages: list[tuple[dict, str, float]],
         "tokens": sum(int(s[0].get("tokens", 0) or 0) for s in stages),
         "gpu_minutes": wall / 60.0,
         "eval_minutes": eval_s / 60.0,
+        "concurrent_jobs": jobs,
+        "eval_limit": eval_limit,
         "real_sparsity": {"attn": attn, "ffn": ffn, "overall": 0.5 * (attn + ffn)},
         "flops_removed": sp.get("flop_saving", 0.0),
         "eval_tokens": sp.get("tokens"),
@@ -222,13 +262,14 @@ def make_record(spec: RunSpec, row: dict, stages: list[tuple[dict, str, float]],
 def run_one(spec: RunSpec, a: argparse.Namespace, work: Path, records: list[dict]) -> dict:
     matched = None
     if spec.match_flops:
-        matched = next((r for r in records if r["name"] == spec.match_flops and r.get("status") == "done"), None)
+        matched = finished_record(records, spec.match_flops)
         if matched is None:
             raise SystemExit(f"{spec.key}: no finished record {spec.match_flops!r} to match (run it first)")
         spec = dataclasses.replace(spec, target=round(matched["flops_removed"], 4), sparsity_kind="flops")
+    conditions = {"jobs": a.jobs, "eval_limit": a.eval_limit}
     if spec.method == "dense":
         row, eval_s = evaluate(a, None)
-        return make_record(spec, row, [], eval_s, None)
+        return make_record(spec, row, [], eval_s, None, **conditions)
     stage1 = work / spec.key / "stage1"
     trained = spec.method not in TRAINING_FREE
     stages = [run_stage(stage1, calibrate_args(spec, a, stage1), trained)]
@@ -237,12 +278,215 @@ def run_one(spec: RunSpec, a: argparse.Namespace, work: Path, records: list[dict
         ckpt = work / spec.key / "lora"
         stages.append(run_stage(ckpt, finetune_args(spec, a, stage1, ckpt), True))
     row, eval_s = evaluate(a, ckpt)
-    rec = make_record(spec, row, stages, eval_s, ckpt)
+    rec = make_record(spec, row, stages, eval_s, ckpt, **conditions)
     rec["match_flops"] = spec.match_flops
     return rec
 
 
+# ------------------------------------------------------------------------------- concurrent rows
+ROW_FILE, RECORD_FILE, LOG_FILE = "row.json", "record.json", "log.txt"  # in WORK/NAME/
+POLL_S = 0.5
+KILL_AFTER_S = 10.0  # a row still running this long after its SIGTERM is killed (SIGKILL)
+
+
+@dataclass
+class Child:
+    """A row running in its own process; terminated_at: when the driver sent it SIGTERM, and why (None:
+    not sent)."""
+
+    spec: RunSpec
+    proc: subprocess.Popen
+    dir: Path
+    started: float
+    terminated_at: float | None = None
+    why: str = ""
+
+    def stop(self, why: str) -> None:
+        if self.terminated_at is None:
+            self.proc.terminate()
+            self.terminated_at, self.why = time.monotonic(), why
+
+
+def _stamp() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def run_row(path: Path) -> int:
+    """The child side of --jobs: run the row that the driver described in path (row.json: spec, the
+    resolved settings, work dir, the matched record) and write its record beside it. The record file
+    is complete whenever it exists (atomic rename); the driver reads it once the child has exited."""
+    job = json.loads(path.read_text())
+    rec = run_one(RunSpec(**job["spec"]), argparse.Namespace(**job["args"]), Path(job["work"]), job["records"])
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{RECORD_FILE}.")
+    with os.fdopen(fd, "w") as f:
+        json.dump(rec, f, indent=1, default=str)
+    os.replace(tmp, path.parent / RECORD_FILE)
+    return 0
+
+
+def _wide_src() -> str | None:
+    """The folder the driver imports `wide` from, so that every row runs the same code."""
+    import importlib.util
+
+    found = importlib.util.find_spec("wide")
+    return str(Path(found.origin).parent.parent) if found and found.origin else None
+
+
+def start_row(spec: RunSpec, a: argparse.Namespace, work: Path, matched: list[dict]) -> Child:
+    """Start `quality_runs.py --row WORK/NAME/row.json` with its output appended to WORK/NAME/log.txt."""
+    d = work / spec.key
+    d.mkdir(parents=True, exist_ok=True)
+    (d / RECORD_FILE).unlink(missing_ok=True)  # a record from an earlier call is not this call's result
+    args = {k: v for k, v in vars(a).items() if k != "row"}
+    job = {"spec": dataclasses.asdict(spec), "args": args, "work": str(work), "records": matched}
+    (d / ROW_FILE).write_text(json.dumps(job, indent=1, default=str) + "\n")
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--row", str(d / ROW_FILE)]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_wide_src(), env.get("PYTHONPATH")) if p)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // a.jobs)))  # CPU threads shared
+    with open(d / LOG_FILE, "a") as log:
+        log.write(f"=== {_stamp()} {shlex.join(cmd)}\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    return Child(spec, proc, d, time.monotonic())
+
+
+def _last_line(log: Path) -> str:
+    """The last non-empty line of a row's log (progress bars' carriage returns count as line ends)."""
+    try:
+        lines = log.read_text(errors="replace").replace("\r", "\n").splitlines()
+    except OSError:
+        return ""
+    return next((ln.strip() for ln in reversed(lines) if ln.strip()), "")
+
+
+def stub_record(spec: RunSpec, a: argparse.Namespace, status: str, error: str, log: Path | None) -> dict:
+    """The record of a row that did not finish: status "failed" or "interrupted", never scores."""
+    return {
+        "name": spec.key,
+        "method": spec.method,
+        "target": None if spec.method == "dense" else spec.target,
+        "match_flops": spec.match_flops,
+        "concurrent_jobs": a.jobs,
+        "eval_limit": a.eval_limit,
+        "status": status,
+        "error": error,
+        "log": str(log) if log else None,
+        "finished_at": _stamp(),
+    }
+
+
+def child_record(c: Child, a: argparse.Namespace) -> dict:
+    """What an exited child leaves: its record when it finished, else a failed / interrupted stub."""
+    rc, log = c.proc.returncode, c.dir / LOG_FILE
+    if rc == 0 and (c.dir / RECORD_FILE).is_file():
+        return json.loads((c.dir / RECORD_FILE).read_text())
+    if c.terminated_at is not None:
+        return stub_record(c.spec, a, "interrupted", f"stopped: {c.why}", log)
+    return stub_record(c.spec, a, "failed", _last_line(log) or f"exit code {rc}", log)
+
+
+def run_concurrent(
+    specs: list[RunSpec], a: argparse.Namespace, work: Path, out: Path, settings: dict, order: dict, t0: float
+) -> int:
+    """Run the rows of specs not finished in out, up to a.jobs at a time (see the module docstring).
+    Invariants: only this process writes out; a row's record is merged as soon as its process exits;
+    a match_flops row starts only once its matched row has a finished record (when the matched row is
+    not waiting or running either, it fails at once); nothing starts after the budget."""
+    records = read_records(out)
+    waiting = [s for s in specs if finished_record(records, s.key) is None]
+    running: list[Child] = []
+
+    def elapsed() -> float:
+        return time.monotonic() - t0
+
+    def settle(rec: dict, what: str) -> None:
+        nonlocal records
+        records = merge_record(records, rec, order)
+        write_records(out, records, settings)
+        print(f"[{rec['status']}] {rec['name']} after {elapsed():.0f} s: {what}", file=sys.stderr)
+
+    def on_sigterm(signum, frame):  # the driver itself stopped from outside: stop the rows, record them
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        while running or (waiting and not (a.budget_s is not None and elapsed() > a.budget_s)):
+            over = a.budget_s is not None and elapsed() > a.budget_s
+            for spec in [] if over else list(waiting):
+                if len(running) >= a.jobs:
+                    break
+                matched = []
+                if spec.match_flops:
+                    m = finished_record(records, spec.match_flops)
+                    if m is None:
+                        if any(s.key == spec.match_flops for s in waiting + [c.spec for c in running]):
+                            continue  # waits for its matched row
+                        waiting.remove(spec)
+                        error = f"no finished record {spec.match_flops!r} to match"
+                        settle(stub_record(spec, a, "failed", error, None), error)
+                        continue
+                    matched = [m]
+                waiting.remove(spec)
+                running.append(start_row(spec, a, work, matched))
+                print(
+                    f"[start] {spec.key} at {elapsed():.0f} s ({len(running)} running, {len(waiting)} waiting), "
+                    f"log {work / spec.key / LOG_FILE}",
+                    file=sys.stderr,
+                )
+            if over and a.grace_s > 0 and elapsed() > a.budget_s + a.grace_s:
+                for c in running:
+                    if c.terminated_at is None:
+                        c.stop("the time budget (--budget-s + --grace-s)")
+                        print(f"[stop] {c.spec.key} at {elapsed():.0f} s: SIGTERM, {c.why}", file=sys.stderr)
+            for c in list(running):
+                if c.proc.poll() is None:
+                    if c.terminated_at is not None and time.monotonic() - c.terminated_at > KILL_AFTER_S:
+                        c.proc.kill()
+                    continue
+                running.remove(c)
+                rec = child_record(c, a)
+                took = f"ran {time.monotonic() - c.started:.0f} s"
+                if rec["status"] == "done":
+                    took += (
+                        f", flops removed {rec['flops_removed']:.3f}, word ppl {rec['wikitext_word_ppl']}, "
+                        f"avg acc {rec['avg_acc']}"
+                    )
+                else:
+                    took += f"; {rec['error']}"
+                settle(rec, took)
+            time.sleep(POLL_S)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for c in running:  # only when the driver itself is stopped: the rows stop with it
+            c.stop("the driver was stopped")
+        for c in running:
+            try:
+                c.proc.wait(KILL_AFTER_S)
+            except subprocess.TimeoutExpired:
+                c.proc.kill()
+                c.proc.wait()
+            rec = child_record(c, a)
+            settle(rec, rec.get("error", "finished as the driver stopped"))
+    if waiting:
+        print(f"[budget] not started: {', '.join(s.key for s in waiting)}", file=sys.stderr)
+    return 0
+
+
 # ----------------------------------------------------------------------------------------- specs
+def check_specs(specs: list[RunSpec]) -> None:
+    """Run names are unique, and a match_flops that names a row of the list names an earlier one (so
+    the rows run in list order and no two rows wait for each other). A name outside the list must
+    have a finished record in --out when its row runs."""
+    names = [s.key for s in specs]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise SystemExit(f"duplicate run names {dup}: give them distinct `name`s")
+    for i, s in enumerate(specs):
+        if s.match_flops in names[i:]:
+            raise SystemExit(f"{s.key}: match_flops {s.match_flops!r} must name a row listed before it")
+
+
 def grid(a: argparse.Namespace) -> list[RunSpec]:
     specs = []
     for m in a.methods.split(","):
@@ -312,7 +556,9 @@ def tiny_setup(a: argparse.Namespace, work: Path) -> list[RunSpec]:
         LlamaForCausalLM(cfg).save_pretrained(model_dir)
         tok.save_pretrained(model_dir)
     corpus = work / "corpus.txt"
-    corpus.write_text(" ".join(f"The number {i} follows {i - 1} and precedes {i + 1}." for i in range(300)))
+    text = " ".join(f"The number {i} follows {i - 1} and precedes {i + 1}." for i in range(300))
+    if not corpus.is_file() or corpus.read_text() != text:  # written only when it differs: rows may be reading it
+        corpus.write_text(text)
     a.model, a.data, a.device = str(model_dir), str(corpus), a.device or "cpu"
     a.seq_len, a.batch_size, a.router_rank, a.calib_batches, a.save_every = 32, 2, 8, 2, 1
     a.tasks, a.eval_limit, a.eval_max_length, a.eval_batch_size = "wikitext,arc_easy", 1, 64, 2
@@ -334,7 +580,7 @@ def _ints(text: str) -> list[int]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True, help="JSON file of records (appended to, resumable)")
+    p.add_argument("--out", help="JSON file of records (required; rewritten as rows finish, resumable)")
     p.add_argument("--work", default="runs/quality", help="checkpoint directories, one per run name")
     p.add_argument("--spec", type=Path, help="JSON list of runs (RunSpec fields); default: the grid flags")
     p.add_argument("--methods", default="dense,wide,module-skip,layer-skip,static-width,teal")
@@ -373,11 +619,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-dtype", default="auto", help="auto: bf16 on GPU, fp32 on CPU")
     p.add_argument("--only", help="comma list of run names to run (default: all)")
     p.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny random model, every method, 2 steps")
-    return p.parse_args(argv)
+    p.add_argument("--jobs", type=int, default=1, help="rows run at once, each in its own process (1: in this one)")
+    p.add_argument("--budget-s", type=float, help="no row starts after this many seconds from the driver's start")
+    p.add_argument(
+        "--grace-s",
+        type=float,
+        default=0.0,
+        help="rows still running get SIGTERM at --budget-s + this (0: they run on); rows then run in processes",
+    )
+    p.add_argument("--row", type=Path, help=argparse.SUPPRESS)  # the child side of --jobs (run_row)
+    a = p.parse_args(argv)
+    if not a.row and not a.out:
+        p.error("--out is required")
+    if a.jobs < 1 or a.grace_s < 0:
+        p.error("--jobs must be at least 1 and --grace-s at least 0")
+    return a
 
 
 def main(argv: list[str] | None = None) -> int:
+    t0 = time.monotonic()
     a = parse_args(argv)
+    if a.row:
+        return run_row(a.row)
     work, out = Path(a.work), Path(a.out)
     work.mkdir(parents=True, exist_ok=True)
     specs = tiny_setup(a, work) if a.tiny else (load_specs(a.spec) if a.spec else grid(a))
@@ -385,24 +648,26 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         a.eval_dtype = "bfloat16" if torch.cuda.is_available() and a.device != "cpu" else "float32"
+    check_specs(specs)
+    order = {s.key: i for i, s in enumerate(specs)}  # records are written in this order
     if a.only:
         keep = set(a.only.split(","))
         specs = [s for s in specs if s.key in keep]
-    names = [s.key for s in specs]
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise SystemExit(f"duplicate run names {dup}: give them distinct `name`s")
-    settings = {k: v for k, v in vars(a).items() if k not in ("spec", "only", "tiny")}
-    records = read_records(out)
-    done = {r["name"] for r in records if r.get("status") == "done"}
+    settings = {k: v for k, v in vars(a).items() if k not in ("spec", "only", "tiny", "row")}
+    finished = [s.key for s in specs if finished_record(read_records(out), s.key)]
+    for name in finished:
+        print(f"[skip] {name}: finished in {out}", file=sys.stderr)
+    if a.jobs > 1 or a.grace_s > 0:
+        return run_concurrent(specs, a, work, out, settings, order, t0)
     for spec in specs:
-        if spec.key in done:
-            print(f"[skip] {spec.key}: finished in {out}", file=sys.stderr)
+        if spec.key in finished:
             continue
+        if a.budget_s is not None and time.monotonic() - t0 > a.budget_s:
+            print(f"[budget] not started: {spec.key} and the rows after it", file=sys.stderr)
+            break
         print(f"[run] {spec.key}", file=sys.stderr)
         rec = run_one(spec, a, work, read_records(out))
-        records = [r for r in read_records(out) if r.get("name") != spec.key] + [rec]
-        write_records(out, records, settings)
+        write_records(out, merge_record(read_records(out), rec, order), settings)
         print(
             f"[done] {spec.key}: flops removed {rec['flops_removed']:.3f}, word ppl {rec['wikitext_word_ppl']}, "
             f"avg acc {rec['avg_acc']}",

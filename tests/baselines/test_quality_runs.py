@@ -1,11 +1,12 @@
-"""scripts/quality_runs.py (run names, grid, records, resume, the --tiny smoke run) and
-scripts/plot_sweep.py (series and the figure)."""
+"""scripts/quality_runs.py (run names, grid, records, resume, the --tiny smoke run, concurrent rows
+with --jobs, the time budget, the device spec list) and scripts/plot_sweep.py (series and the figure)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -70,12 +71,51 @@ def test_spec_file_and_record(tmp_path):
         "wikitext": {"word_perplexity": 42.0},
     }
     stages = [({"tokens": 1000, "wall_time_s": 120.0, "gpu": "H200"}, "wide calibrate ...", 0.0)]
-    rec = qr.make_record(qr.RunSpec("wide", steps=5), row, stages, 30.0, tmp_path)
+    rec = qr.make_record(qr.RunSpec("wide", steps=5), row, stages, 30.0, tmp_path, jobs=4, eval_limit=None)
+    assert rec["concurrent_jobs"] == 4 and rec["eval_limit"] is None
     assert rec["real_sparsity"] == {"attn": 0.6, "ffn": 0.4, "overall": 0.5}
     assert rec["flops_removed"] == 0.35 and rec["wikitext_word_ppl"] == 42.0 and rec["avg_acc"] == 0.55
     assert rec["tasks"] == {"piqa": 0.6, "boolq": 0.5} and rec["tokens"] == 1000 and rec["steps"] == 5
     assert rec["gpu_minutes"] == pytest.approx(2.0) and rec["eval_minutes"] == pytest.approx(0.5)
     assert rec["method"] == "wide" and rec["status"] == "done" and rec["device"] == "H200"
+
+
+def test_spec_checks_order_and_device_spec():
+    R = qr.RunSpec
+    with pytest.raises(SystemExit, match="duplicate run names"):
+        qr.check_specs([R("wide", name="a"), R("teal", name="a")])
+    with pytest.raises(SystemExit, match="listed before it"):  # it would wait for a row that waits for it
+        qr.check_specs([R("teal", match_flops="w"), R("wide", name="w")])
+    qr.check_specs([R("wide", name="w"), R("teal", match_flops="w"), R("static-width", match_flops="elsewhere")])
+    order = {"a": 0, "b": 1, "c": 2}
+    recs = qr.merge_record([{"name": "c"}, {"name": "x"}, {"name": "a", "v": 1}], {"name": "a", "v": 2}, order)
+    assert recs == [{"name": "a", "v": 2}, {"name": "c"}, {"name": "x"}]
+
+    # the first same-budget comparison of scripts/device/quality.sh
+    specs = qr.load_specs(ROOT / "scripts" / "device" / "quality-first.json")
+    qr.check_specs(specs)
+    names = {s.key for s in specs}
+    assert len(specs) == 11 and sum(s.method == "dense" for s in specs) == 1
+    for t in (0.25, 0.5):
+        trained = {s.method: s for s in specs if s.target == t and not s.match_flops and s.method != "dense"}
+        assert set(trained) == {"wide", "module-skip", "layer-skip"}
+        assert all(s.steps == 400 and s.name for s in trained.values())
+        matched = [s for s in specs if s.match_flops == trained["wide"].key]
+        assert sorted(s.method for s in matched) == ["static-width", "teal"]
+    assert all(s.match_flops in names for s in specs if s.match_flops)
+
+
+def test_stopped_stage_restarts_or_resumes(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(qr, "_cli", lambda args: (calls.append([str(x) for x in args]), ("wide ...", 1.0))[1])
+    ckpt = tmp_path / "stage1"
+    qr.run_stage(ckpt, ["calibrate"], trained=True)  # nothing there: a fresh start
+    ckpt.mkdir()
+    (ckpt / "wide_run.json").write_text("{}")  # stopped before its first checkpoint
+    qr.run_stage(ckpt, ["calibrate"], trained=True)
+    (ckpt / "latest").write_text("checkpoint-100")
+    qr.run_stage(ckpt, ["calibrate"], trained=True)
+    assert calls == [["calibrate"], ["calibrate", "--overwrite"], ["calibrate", "--resume"]]
 
 
 def test_plot_series_and_file(tmp_path):
@@ -98,8 +138,9 @@ def test_plot_series_and_file(tmp_path):
     assert out.is_file() and out.stat().st_size > 1000
 
 
-@pytest.mark.slow
-def test_tiny_mode_end_to_end_and_resume(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    """The --tiny model directory, made once for the tests below (each links it into its --work)."""
     from wide.paths import data_dir
 
     try:
@@ -108,8 +149,22 @@ def test_tiny_mode_end_to_end_and_resume(tmp_path, capsys):
         pytest.skip("offline data not found: set WIDE_DATA")
     if not (root / "wikitext" / "wiki.test.raw").is_file():
         pytest.skip("no WikiText-2 data")
+    work = tmp_path_factory.mktemp("tiny")
+    qr.tiny_setup(qr.parse_args(["--tiny", "--out", "unused"]), work)
+    return work / "tiny-model"
+
+
+def _work(tmp_path: Path, tiny_model: Path) -> Path:
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "tiny-model").symlink_to(tiny_model)
+    return work
+
+
+@pytest.mark.slow
+def test_tiny_mode_end_to_end_and_resume(tmp_path, capsys, tiny_model):
     out = tmp_path / "q.json"
-    assert qr.main(["--tiny", "--out", str(out), "--work", str(tmp_path / "w")]) == 0
+    assert qr.main(["--tiny", "--out", str(out), "--work", str(_work(tmp_path, tiny_model))]) == 0
     recs = json.loads(out.read_text())["records"]
     methods = [r["method"] for r in recs]
     want = ["dense", "wide", "module-skip", "layer-skip", "static-width", "teal", "wide", "wide", "static-width"]
@@ -129,3 +184,55 @@ def test_tiny_mode_end_to_end_and_resume(tmp_path, capsys):
     assert qr.main(["--tiny", "--out", str(out), "--work", str(tmp_path / "w")]) == 0  # everything finished
     assert capsys.readouterr().err.count("[skip]") == len(recs)
     assert json.loads(out.read_text())["records"] == recs
+
+
+@pytest.mark.slow
+def test_tiny_rows_concurrently(tmp_path, capsys, tiny_model):
+    """--jobs 2: dense and WIDE at once, then the static-width row at WIDE's FLOPs (it waits for it)."""
+    out, work = tmp_path / "q.json", _work(tmp_path, tiny_model)
+    wide, matched = "wide-groups0.5-s2-g16", "static-width-flopsof[wide-groups0.5-s2-g16]-g16"
+    only = ["dense", wide, matched]
+    argv = ["--tiny", "--out", str(out), "--work", str(work), "--jobs", "2", "--only", ",".join(only)]
+    assert qr.main(argv) == 0
+    recs = json.loads(out.read_text())["records"]
+    assert [r["name"] for r in recs] == only  # spec order, whatever order they finished in
+    for r in recs:
+        assert r["status"] == "done" and r["wikitext_word_ppl"] > 1 and "arc_easy" in r["tasks"], r
+        assert r["concurrent_jobs"] == 2 and r["eval_limit"] == 1
+        assert (work / r["name"] / "log.txt").is_file()
+    assert recs[2]["target"] == pytest.approx(recs[1]["flops_removed"], abs=1e-4)
+    err = capsys.readouterr().err
+    assert err.index(f"[done] {wide}") < err.index(f"[start] {matched}")  # the dependency was respected
+    assert err.count("[start]") == err.count("[done]") == 3
+
+
+@pytest.mark.slow
+def test_failed_row_is_recorded_and_the_others_finish(tmp_path, capsys, tiny_model, monkeypatch):
+    tiny = qr.tiny_setup
+    bad = qr.RunSpec("teal", name="bad", extra_args=["--no-such-flag"])
+    monkeypatch.setattr(qr, "tiny_setup", lambda a, work: [bad, *tiny(a, work)])
+    out, work = tmp_path / "q.json", _work(tmp_path, tiny_model)
+    argv = ["--tiny", "--out", str(out), "--work", str(work), "--jobs", "2", "--only", "bad,dense"]
+    assert qr.main(argv) == 0
+    failed, dense = json.loads(out.read_text())["records"]
+    assert dense["name"] == "dense" and dense["status"] == "done"
+    assert failed["name"] == "bad" and failed["status"] == "failed" and "--no-such-flag" in failed["error"]
+    assert "wikitext_word_ppl" not in failed and Path(failed["log"]).is_file()
+    assert "[failed] bad" in capsys.readouterr().err
+    assert qr.main([*argv, "--budget-s", "0"]) == 0  # past the budget: nothing starts, nothing changes
+    assert json.loads(out.read_text())["records"] == [failed, dense]
+    assert "[budget] not started: bad" in capsys.readouterr().err
+
+
+def test_budget_and_grace_stop_rows(tmp_path, capsys):
+    """Past --budget-s nothing starts; at --budget-s + --grace-s a running row gets SIGTERM and is recorded
+    as interrupted (never done). The rows here never get far: the stop comes while they start."""
+    out, work = tmp_path / "q.json", tmp_path / "w"
+    a = qr.parse_args(["--out", str(out), "--work", str(work), "--budget-s", "0.2", "--grace-s", "0.3"])
+    specs = [qr.RunSpec("wide", steps=10_000, name="long"), qr.RunSpec("dense")]
+    order = {s.key: i for i, s in enumerate(specs)}
+    assert qr.run_concurrent(specs, a, work, out, {}, order, time.monotonic()) == 0  # --jobs 1: one slot
+    (rec,) = json.loads(out.read_text())["records"]
+    assert rec["name"] == "long" and rec["status"] == "interrupted" and rec["concurrent_jobs"] == 1
+    err = capsys.readouterr().err
+    assert "[stop] long" in err and "[budget] not started: dense" in err

