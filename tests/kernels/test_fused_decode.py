@@ -269,3 +269,44 @@ def test_fused_ops_capture_in_a_cuda_graph():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out[0], eager[0]) and torch.equal(out[1], eager[1])
+
+
+@pytest.mark.parametrize("ks", [1, 2, 4])
+def test_split_k_paths(kernel_device, monkeypatch, ks):
+    """Each GEMV's K split (QKV, O, down) against the reference, routed (GQA 3, B 3, a group no token runs),
+    and repeat bit-identical (the partials are summed in split order whatever the arrival order)."""
+    for key in ("qkv_splits", "o_splits", "ffn_splits"):
+        monkeypatch.setitem(FD.TUNE, key, ks)
+    torch.manual_seed(ks)
+    b, hq, hk, d, dm, df, g = 3, 6, 2, 32, 96, 80, 16
+    mask_a = torch.tensor([[True, False], [True, False], [False, False]])
+    h, x, nw = torch.randn(b, dm), torch.randn(b, dm), torch.rand(dm) + 0.5
+    w = torch.randn((hq + 2 * hk) * d, dm) / dm**0.5
+    pos = torch.tensor([1, 4, 0])
+    cos, sin = _rope(b, d, pos)
+    kc, vc = torch.randn(b, 6, hk, d), torch.randn(b, 6, hk, d)
+    kr, vr = kc.clone(), vc.clone()
+    q_ref = FD.qkv_rope_cache_ref(h, w, None, cos, sin, pos, kr, vr, hq, None, None, 0.0)
+    dev = _to(kernel_device, h, w, mask_a, cos, sin, pos, kc, vc)
+    q = FD.qkv_rope_cache(*dev[:2], None, *dev[2:], hq)
+    torch.testing.assert_close(q.cpu()[:, :3], q_ref[:, :3], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(dev[6].cpu(), kr, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(dev[7].cpu(), vr, rtol=1e-4, atol=1e-4)
+
+    o = torch.randn(b, hq * d) * mask_a.repeat_interleave(hq // hk * d, dim=1)
+    wo = torch.randn(dm, hq * d) / (hq * d) ** 0.5
+    xr, hr = FD.o_proj_residual_norm_ref(o, wo, None, x, nw, 1e-5)
+    args = _to(kernel_device, o, wo, None, mask_a, x, nw)
+    xo, hn = FD.o_proj_residual_norm(*args, 1e-5)
+    torch.testing.assert_close(xo.cpu(), xr, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(hn.cpu(), hr, rtol=1e-5, atol=1e-5)
+    assert torch.equal(xo, FD.o_proj_residual_norm(*args, 1e-5)[0])
+
+    mask_f = torch.rand(b, df // g) < 0.5
+    wg, wu, wd = torch.randn(df, dm) / dm**0.5, torch.randn(df, dm) / dm**0.5, torch.randn(dm, df) / df**0.5
+    xr, hr = FD.ffn_residual_norm_ref(h, wg, wu, wd, mask_f, x, nw, 1e-5)
+    args = _to(kernel_device, h, wg, wu, wd, mask_f, x, nw)
+    xo, hn = FD.ffn_residual_norm(*args, 1e-5, g)
+    torch.testing.assert_close(xo.cpu(), xr, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(hn.cpu(), hr, rtol=1e-5, atol=1e-5)
+    assert torch.equal(xo, FD.ffn_residual_norm(*args, 1e-5, g)[0])

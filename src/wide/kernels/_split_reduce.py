@@ -50,8 +50,9 @@ def tile_counters(like: torch.Tensor, n_tiles: int) -> torch.Tensor:
 if HAS_TRITON:
 
     @triton.jit
-    def arrive(counter_ptr, SPLITS: tl.constexpr):
-        """After this program stored its partial: True for the last of SPLITS programs to arrive.
+    def arrive(counter_ptr, SPLITS):
+        """After this program stored its partial: True for the last of SPLITS programs to arrive (SPLITS: a
+        constexpr or a runtime count).
 
         The barrier orders every thread's partial stores before the (release) ticket; the acquire
         half makes the other programs' partials visible to the winner, which resets the counter.

@@ -124,7 +124,8 @@ def attention_decode_sdpa(
     prefix when every sequence has the same length (``generate``), as the Hugging Face attention
     computes the last row of a whole sequence; otherwise ``attention_decode_ref``. Reads the lengths on
     the host: CPU tensors only. Shapes as ``attention_decode_ref``."""
-    if cache_lens.is_cuda or cache_lens.numel() == 0 or torch.compiler.is_compiling():  # no host reads in a trace
+    tracing = torch.compiler.is_compiling() or type(cache_lens) is not torch.Tensor  # fake / functional tensors
+    if cache_lens.is_cuda or cache_lens.numel() == 0 or tracing:  # no host reads in a trace
         return attention_decode_ref(q, k_cache, v_cache, cache_lens, mask, sm_scale)
     n = int(cache_lens[0])
     if n < 1 or not bool((cache_lens == n).all()):

@@ -54,13 +54,13 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from ._split_reduce import arrive
+    from ._split_reduce import arrive, sum_partials
     from ._triton_utils import pdl_begin
 
 MAX_BATCH = 16  # decode only: one 16-row tensor-core tile holds the batch
 # Launch-parameter overrides for GPU sweeps (unset: the shape rules below). Keys: "block_k", "num_warps",
-# "num_stages" (the weight-streaming loops), "qkv_slices", "o_block_n", "ffn_block_n", "ffn_chunk",
-# "norm_tile" (elements per step of the norm tails).
+# "num_stages" (the weight-streaming loops), "qkv_slices", "qkv_splits", "o_block_n", "o_splits",
+# "ffn_block_n", "ffn_chunk", "ffn_splits", "norm_tile" (elements per step of the norm tails).
 TUNE: dict[str, int] = {}
 BLOCK_M = 16
 _LOG2E = 1.4426950408889634
@@ -155,16 +155,6 @@ def ffn_residual_norm_ref(
 if HAS_TRITON:
 
     @triton.jit
-    def _arrive_n(counter_ptr, n):
-        """``_split_reduce.arrive`` for a runtime program count: True for the last of n arrivals (resets)."""
-        tl.debug_barrier()
-        ticket = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
-        last = ticket == n - 1
-        if last:
-            tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")
-        return last
-
-    @triton.jit
     def _any_row(mask_ptr, g, B, NG, BM: tl.constexpr):
         """True when some token b < B runs group g (mask [B, NG] uint8)."""
         offs = tl.arange(0, BM)
@@ -172,14 +162,16 @@ if HAS_TRITON:
         return tl.max(m.to(tl.int32), 0) > 0
 
     @triton.jit
-    def _routed_k_loop(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, K, mask_ptr, B, NG, G, ROUTED: tl.constexpr,
-                       BM: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr, CG: tl.constexpr):  # fmt: skip
-        """acc [BM, BLOCK_N] += a[:, k] W[n, k]^T over K (a: [B, K], W: [N, K], row-major), reading no column
-        of a group no token runs. BLOCK_K divides the group width G, so a step lies in one group and its
-        predicate is one scalar (the loads stay vectorised and the loop pipelined)."""
-        for k0 in range(0, K, BLOCK_K):
+    def _routed_k_loop(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k_lo, k_hi, K, mask_ptr, B, NG, G,
+                       ROUTED: tl.constexpr, BM: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr,
+                       CG: tl.constexpr):  # fmt: skip
+        """acc [BM, BLOCK_N] += a[:, k] W[n, k]^T for k in [k_lo, k_hi) (a: [B, K], W: [N, K], row-major),
+        reading no column of a group no token runs. BLOCK_K divides the group width G and k_lo is a multiple
+        of BLOCK_K, so a step lies in one group and its predicate is one scalar (the loads stay vectorised
+        and the loop pipelined)."""
+        for k0 in range(k_lo, k_hi, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
-            in_k = offs_k < K
+            in_k = offs_k < k_hi
             if ROUTED:
                 in_k = in_k & (tl.zeros([BLOCK_K], tl.int32) + _any_row(mask_ptr, k0 // G, B, NG, BM).to(tl.int32) > 0)
             am = in_m[:, None] & in_k[None, :]
@@ -191,6 +183,21 @@ if HAS_TRITON:
                         other=0.0)  # fmt: skip
             acc = tl.dot(a, tl.trans(w), acc, input_precision=PREC)
         return acc
+
+    @triton.jit
+    def _split_k_sum(acc, part_ptr, cnt_ptr, tile, n_tiles, s, KS: tl.constexpr, BM: tl.constexpr,
+                     BLOCK_N: tl.constexpr):  # fmt: skip
+        """Split s of output tile ``tile`` stores its fp32 partial acc [BM, BLOCK_N] (part: [KS, n_tiles, BM,
+        BLOCK_N]) and arrives at the tile's counter. Returns (True, the KS partials summed in split order)
+        for the last split of the tile to arrive, else (False, acc): the sum does not depend on the arrival
+        order, so repeats are bit-identical."""
+        tsz: tl.constexpr = BM * BLOCK_N
+        offs = tl.arange(0, BM)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        tl.store(part_ptr + (s * n_tiles + tile) * tsz + offs, acc)
+        last = arrive(cnt_ptr + tile, KS)
+        if last:
+            acc = sum_partials(part_ptr + tile * tsz, n_tiles * tsz, BM, KS, BM, BLOCK_N)
+        return last, acc
 
     @triton.jit
     def _norm_apply(x_ptr, w_ptr, h_ptr, rs, B, D, RB: tl.constexpr, NB: tl.constexpr):
@@ -258,10 +265,14 @@ if HAS_TRITON:
         q_ptr,  # [B, HQ, HEAD_D] out
         kc_ptr,  # [B_max, S, HK, HEAD_D] (strided)
         vc_ptr,
+        part_ptr,  # [KS, n_tiles, 2, BM, HEAD_D // 2 // RS] fp32 split partials (KS > 1) or dummy
+        cnt_ptr,  # n_tiles counters: splits arrived per (head, slice)
         B,
         D,
+        K_CHUNK,
         qk_eps,
         s_kb, s_ks, s_kh, s_vb, s_vs, s_vh,
+        KS: tl.constexpr,  # K splits
         HQ: tl.constexpr,
         HK: tl.constexpr,
         HEAD_D: tl.constexpr,
@@ -276,8 +287,9 @@ if HAS_TRITON:
     ):  # fmt: skip
         pdl_begin(PDL)
         pid = tl.program_id(0)
-        head = pid // RS
-        s = pid % RS
+        tile = pid // KS  # (head, slice)
+        head = tile // RS
+        s = tile % RS
         HPG: tl.constexpr = HQ // HK
         if ROUTED:  # noqa: SIM102 - constexpr branch, then a runtime one
             skip = (head < HQ) & (_any_row(mask_ptr, tl.minimum(head // HPG, HK - 1), B, HK, BM) == 0)
@@ -293,14 +305,27 @@ if HAS_TRITON:
         rows_hi = head * HEAD_D + cols_hi
         acc_lo = tl.zeros([BM, SUB], tl.float32)
         acc_hi = tl.zeros([BM, SUB], tl.float32)
-        for k0 in range(0, D, BLOCK_K):
+        k_lo = (pid % KS) * K_CHUNK
+        k_hi = tl.minimum(k_lo + K_CHUNK, D)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
-            in_k = offs_k < D
+            in_k = offs_k < k_hi
             a = tl.load(h_ptr + offs_m[:, None] * D + offs_k[None, :], mask=in_m[:, None] & in_k[None, :], other=0.0)
             w_lo = tl.load(w_ptr + rows_lo.to(tl.int64)[:, None] * D + offs_k[None, :], mask=in_k[None, :], other=0.0)
             w_hi = tl.load(w_ptr + rows_hi.to(tl.int64)[:, None] * D + offs_k[None, :], mask=in_k[None, :], other=0.0)
             acc_lo = tl.dot(a, tl.trans(w_lo), acc_lo, input_precision=PREC)
             acc_hi = tl.dot(a, tl.trans(w_hi), acc_hi, input_precision=PREC)
+        if KS > 1:  # the last split of the tile to arrive sums the partials (split order) and goes on
+            n_tiles = tl.num_programs(0) // KS
+            tsz: tl.constexpr = BM * SUB
+            offs = offs_m[:, None] * SUB + tl.arange(0, SUB)[None, :]
+            pbase = part_ptr + ((pid % KS) * n_tiles + tile) * 2 * tsz
+            tl.store(pbase + offs, acc_lo)
+            tl.store(pbase + tsz + offs, acc_hi)
+            if not arrive(cnt_ptr + tile, KS):
+                return
+            acc_lo = sum_partials(part_ptr + tile * 2 * tsz, n_tiles * 2 * tsz, BM, KS, BM, SUB)
+            acc_hi = sum_partials(part_ptr + tile * 2 * tsz + tsz, n_tiles * 2 * tsz, BM, KS, BM, SUB)
         dt = h_ptr.dtype.element_ty
         if HAS_BIAS:
             acc_lo += tl.load(bias_ptr + rows_lo).to(tl.float32)[None, :]
@@ -428,36 +453,44 @@ if HAS_TRITON:
         nw_ptr,  # [D] next norm weight
         h_ptr,  # [B, D] normed out
         ss_ptr,  # [n_tiles, BM] fp32: each tile's sum of squares per row
-        cnt_ptr,
-        B, D, K, NG, G, eps,
-        ROUTED: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BLOCK_N: tl.constexpr,
+        part_ptr,  # [KS, n_tiles, BM, BLOCK_N] fp32 split partials (KS > 1) or dummy
+        cnt_ptr,  # n_tiles + 1 counters: splits arrived per tile, tiles done
+        B, D, K, NG, G, K_CHUNK, eps,
+        KS: tl.constexpr, ROUTED: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr, T_P: tl.constexpr, RB: tl.constexpr, NB: tl.constexpr, PREC: tl.constexpr,
         PDL: tl.constexpr,
     ):  # fmt: skip
-        """One program per BLOCK_N output columns, the whole (active) reduction axis: no split. The
-        last program to finish normalises the new residual rows."""
+        """One program per (BLOCK_N output columns, K split of K_CHUNK): the last split of a tile to arrive
+        adds bias and residual; the last tile to finish normalises the new residual rows."""
         pdl_begin(PDL)
         pid = tl.program_id(0)
+        tile = pid // KS
+        n_tiles = tl.num_programs(0) // KS
+        k_lo = (pid % KS) * K_CHUNK
         offs_m = tl.arange(0, BM)
         in_m = offs_m < B
-        offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         in_n = offs_n < D
         acc = tl.zeros([BM, BLOCK_N], tl.float32)
-        acc = _routed_k_loop(acc, o_ptr, w_ptr, offs_m, in_m, offs_n, in_n, K, mask_ptr, B, NG, G, ROUTED, BM, BLOCK_K,
-                             PREC, False)  # fmt: skip
-        dt = xo_ptr.dtype.element_ty
-        y = acc.to(dt)
-        if HAS_BIAS:
-            y = (y.to(tl.float32) + tl.load(bias_ptr + offs_n, mask=in_n, other=0.0).to(tl.float32)[None, :]).to(dt)
-        io = offs_m[:, None] * D + offs_n[None, :]
-        msk = in_m[:, None] & in_n[None, :]
-        xr = tl.load(x_ptr + io, mask=msk, other=0.0).to(tl.float32)
-        xn = (xr + y.to(tl.float32)).to(dt)
-        tl.store(xo_ptr + io, xn, mask=msk)
-        xf = tl.where(msk, xn.to(tl.float32), 0.0)
-        tl.store(ss_ptr + pid * BM + offs_m, tl.sum(xf * xf, 1))
-        if _arrive_n(cnt_ptr, tl.num_programs(0)):
-            _norm_tail(xo_ptr, nw_ptr, h_ptr, ss_ptr, tl.num_programs(0), B, D, eps, BM, T_P, RB, NB)
+        acc = _routed_k_loop(acc, o_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k_lo, tl.minimum(k_lo + K_CHUNK, K), K,
+                             mask_ptr, B, NG, G, ROUTED, BM, BLOCK_K, PREC, False)  # fmt: skip
+        last = True
+        if KS > 1:
+            last, acc = _split_k_sum(acc, part_ptr, cnt_ptr, tile, n_tiles, pid % KS, KS, BM, BLOCK_N)
+        if last:
+            dt = xo_ptr.dtype.element_ty
+            y = acc.to(dt)
+            if HAS_BIAS:
+                y = (y.to(tl.float32) + tl.load(bias_ptr + offs_n, mask=in_n, other=0.0).to(tl.float32)[None, :]).to(dt)
+            io = offs_m[:, None] * D + offs_n[None, :]
+            msk = in_m[:, None] & in_n[None, :]
+            xr = tl.load(x_ptr + io, mask=msk, other=0.0).to(tl.float32)
+            xn = (xr + y.to(tl.float32)).to(dt)
+            tl.store(xo_ptr + io, xn, mask=msk)
+            xf = tl.where(msk, xn.to(tl.float32), 0.0)
+            tl.store(ss_ptr + tile * BM + offs_m, tl.sum(xf * xf, 1))
+            if arrive(cnt_ptr + n_tiles, n_tiles):
+                _norm_tail(xo_ptr, nw_ptr, h_ptr, ss_ptr, n_tiles, B, D, eps, BM, T_P, RB, NB)
 
     @triton.jit
     def _wait_for(cnt_ptr, n):
@@ -477,9 +510,11 @@ if HAS_TRITON:
         xo_ptr,  # [B, D] residual out
         nw_ptr,  # [D] next norm weight
         hn_ptr,  # [B, D] normed out
-        ss_ptr,  # [consumers, BM] fp32: each output tile's sum of squares per row
-        cnt_ptr,  # 3 counters: tickets, producers done, consumers done
+        ss_ptr,  # [n_tiles, BM] fp32: each output tile's sum of squares per row
+        part_ptr,  # [KS, n_tiles, BM, BLOCK_N] fp32 split partials (KS > 1) or dummy
+        cnt_ptr,  # 1 + KS + n_tiles + 1 counters: tickets, producers done per split, splits per tile, tiles
         B, D, DF, NG, G, eps,
+        KS: tl.constexpr,  # down-projection K splits (split s: groups [s NG / KS, (s + 1) NG / KS))
         CPG: tl.constexpr,  # channel chunks per group (producers: NG * CPG)
         CH: tl.constexpr,  # channels per chunk (G = CPG * CH)
         ROUTED: tl.constexpr, BM: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -488,7 +523,7 @@ if HAS_TRITON:
     ):  # fmt: skip
         pdl_begin(PDL)
         n_prod = NG * CPG
-        n_cons = tl.num_programs(0) - n_prod
+        n_tiles = (tl.num_programs(0) - n_prod) // KS
         ticket = tl.atomic_add(cnt_ptr, 1, sem="relaxed", scope="gpu")
         offs_m = tl.arange(0, BM)
         in_m = offs_m < B
@@ -522,26 +557,35 @@ if HAS_TRITON:
                     av = tl.where(tok[:, None] > 0, av, 0.0)
                 tl.store(a_ptr + offs_m[:, None] * DF + offs_c[None, :], av.to(dt), mask=in_m[:, None] & in_c[None, :])
             tl.debug_barrier()
-            tl.atomic_add(cnt_ptr + 1, 1, sem="release", scope="gpu")
-        else:  # consumer: rows [j*BLOCK_N, ...) of x + a Wd^T, once every producer is done
+            tl.atomic_add(cnt_ptr + 1 + ((g + 1) * KS - 1) // NG, 1, sem="release", scope="gpu")  # g's split
+        else:  # consumer (split-major tickets): columns [tile*BLOCK_N, ...) of split s's a Wd^T
             j = ticket - n_prod
-            offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
+            s = j // n_tiles
+            tile = j % n_tiles
+            g_lo = s * NG // KS
+            g_hi = (s + 1) * NG // KS
+            offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
             in_n = offs_n < D
-            _wait_for(cnt_ptr + 1, n_prod)
+            _wait_for(cnt_ptr + 1 + s, (g_hi - g_lo) * CPG)  # only this split's producers (earlier tickets)
             acc = tl.zeros([BM, BLOCK_N], tl.float32)
-            acc = _routed_k_loop(acc, a_ptr, wd_ptr, offs_m, in_m, offs_n, in_n, DF, mask_ptr, B, NG, G, ROUTED, BM,
-                                 BLOCK_KD, PREC, True)  # fmt: skip
-            io = offs_m[:, None] * D + offs_n[None, :]
-            msk = in_m[:, None] & in_n[None, :]
-            xr = tl.load(x_ptr + io, mask=msk, other=0.0).to(tl.float32)
-            xn = (xr + acc.to(dt).to(tl.float32)).to(dt)
-            tl.store(xo_ptr + io, xn, mask=msk)
-            xf = tl.where(msk, xn.to(tl.float32), 0.0)
-            tl.store(ss_ptr + j * BM + offs_m, tl.sum(xf * xf, 1))
-            if _arrive_n(cnt_ptr + 2, n_cons):  # the last consumer: counters back to 0, then the next norm
-                tl.atomic_xchg(cnt_ptr, 0, sem="relaxed", scope="gpu")
-                tl.atomic_xchg(cnt_ptr + 1, 0, sem="relaxed", scope="gpu")
-                _norm_tail(xo_ptr, nw_ptr, hn_ptr, ss_ptr, n_cons, B, D, eps, BM, T_P, RB, NB)
+            acc = _routed_k_loop(acc, a_ptr, wd_ptr, offs_m, in_m, offs_n, in_n, g_lo * G, g_hi * G, DF, mask_ptr, B,
+                                 NG, G, ROUTED, BM, BLOCK_KD, PREC, True)  # fmt: skip
+            last = True
+            if KS > 1:
+                last, acc = _split_k_sum(acc, part_ptr, cnt_ptr + 1 + KS, tile, n_tiles, s, KS, BM, BLOCK_N)
+            if last:  # the tile's sum: + residual, its sum of squares
+                io = offs_m[:, None] * D + offs_n[None, :]
+                msk = in_m[:, None] & in_n[None, :]
+                xr = tl.load(x_ptr + io, mask=msk, other=0.0).to(tl.float32)
+                xn = (xr + acc.to(dt).to(tl.float32)).to(dt)
+                tl.store(xo_ptr + io, xn, mask=msk)
+                xf = tl.where(msk, xn.to(tl.float32), 0.0)
+                tl.store(ss_ptr + tile * BM + offs_m, tl.sum(xf * xf, 1))
+                if arrive(cnt_ptr + 1 + KS + n_tiles, n_tiles):  # the last tile: counters back to 0, next norm
+                    tl.atomic_xchg(cnt_ptr, 0, sem="relaxed", scope="gpu")
+                    for sp in range(0, KS):
+                        tl.atomic_xchg(cnt_ptr + 1 + sp, 0, sem="relaxed", scope="gpu")
+                    _norm_tail(xo_ptr, nw_ptr, hn_ptr, ss_ptr, n_tiles, B, D, eps, BM, T_P, RB, NB)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -578,11 +622,12 @@ def _norm_blocks(b: int, d: int, t: torch.Tensor) -> dict:
 
 
 def qkv_row_slices(head_dim: int, qk_norm: bool, n_heads: int, sms: int) -> int:
-    """Row slices per head for the QKV kernel: enough programs for ~2 per SM, each slice >= 16 rows."""
+    """Row slices per head for the QKV kernel: each slice >= 32 rows of each RoPE half (then the K split,
+    ``k_splits``, fills the SMs: wider tiles read faster than more of them)."""
     if qk_norm:
         return 1
     rs = 1
-    while rs * 2 * 32 <= head_dim and n_heads * rs < 2 * sms:
+    while rs * 2 * 64 <= head_dim and n_heads * rs < 2 * sms:
         rs *= 2
     return rs
 
@@ -591,6 +636,16 @@ def attn_num_splits(batch: int, hk: int, max_len: int, sms: int) -> int:
     """Static KV split count (shapes only): ~3 programs per SM, >= 256 keys each, at most 32."""
     want = -(-3 * sms // max(1, batch * hk))
     return int(max(1, min(want, max_len // 256, 32)))
+
+
+def k_splits(n_tiles: int, max_splits: int, sms: int) -> int:
+    """K splits of an output-tiled GEMV (O, down): the largest power of two <= max_splits that keeps the
+    programs at most ~2 per SM, so that every SM streams weights with several programs (docs/kernels.md,
+    "Fused decode layer")."""
+    ks = 1
+    while ks * 2 <= max_splits and n_tiles * ks * 2 <= 2 * sms:
+        ks *= 2
+    return ks
 
 
 def ffn_chunk(group: int, n_groups: int, sms: int) -> int:
@@ -652,14 +707,19 @@ def _qkv_op(
     if "qkv_slices" in TUNE and q_norm is None:
         rs = TUNE["qkv_slices"]
     bk, nw = _gemv_blocks(h)
+    bk = min(bk, next_pow2(d_model))
+    tiles = n_heads * rs
+    ks = TUNE.get("qkv_splits", k_splits(tiles, triton.cdiv(d_model, bk), _sms(h)))
+    chunk = triton.cdiv(triton.cdiv(d_model, ks), bk) * bk
     dummy = h.new_empty(1)
-    _qkv_kernel[(n_heads * rs,)](
+    part = torch.empty(ks * tiles * BLOCK_M * hd if ks > 1 else 1, dtype=torch.float32, device=h.device)
+    _qkv_kernel[(tiles * ks,)](
         h, w_qkv, b_qkv if b_qkv is not None else dummy, _u8(mask, h), cos.float().contiguous(),
         sin.float().contiguous(), q_norm if q_norm is not None else dummy, k_norm if k_norm is not None else dummy,
-        pos, q, k_cache, v_cache, b, d_model, qk_eps,
-        *k_cache.stride()[:3], *v_cache.stride()[:3],
+        pos, q, k_cache, v_cache, part, tile_counters(h, tiles), b, d_model, chunk, qk_eps,
+        *k_cache.stride()[:3], *v_cache.stride()[:3], KS=ks,
         HQ=n_q, HK=hk, HEAD_D=hd, RS=rs, ROUTED=mask is not None, HAS_BIAS=b_qkv is not None,
-        QK_NORM=q_norm is not None, BM=BLOCK_M, BLOCK_K=min(bk, next_pow2(d_model)), PREC=_prec(h),
+        QK_NORM=q_norm is not None, BM=BLOCK_M, BLOCK_K=bk, PREC=_prec(h),
         num_warps=nw, **_stages(h), **pdl_launch(h),
     )  # fmt: skip
     return q
@@ -726,14 +786,18 @@ def _o_op(
     xo, h = torch.empty_like(x), torch.empty_like(x)
     bk, nw = _gemv_blocks(o)
     g = k // ng
-    bn = 16 if not o.is_cuda else TUNE.get("o_block_n", 32 if d >= 32 * _sms(o) else 16)
+    bk = largest_pow2_divisor(g, bk)
+    bn = 16 if not o.is_cuda else TUNE.get("o_block_n", 32)
     tiles = triton.cdiv(d, bn)
+    ks = TUNE.get("o_splits", k_splits(tiles, triton.cdiv(k, bk), _sms(o)))
+    chunk = triton.cdiv(triton.cdiv(k, ks), bk) * bk  # a multiple of BLOCK_K: no step straddles a group
     ss = torch.empty(tiles * BLOCK_M, dtype=torch.float32, device=o.device)
-    _o_kernel[(tiles,)](
-        o, wo, bo if bo is not None else o.new_empty(1), _u8(mask, o), x, xo, norm_w, h, ss, tile_counters(o, 1),
-        b, d, k, ng, g, eps,
-        ROUTED=mask is not None, HAS_BIAS=bo is not None, BM=BLOCK_M, BLOCK_N=bn,
-        BLOCK_K=largest_pow2_divisor(g, bk), T_P=next_pow2(tiles), **_norm_blocks(b, d, o), PREC=_prec(o), num_warps=nw,
+    part = torch.empty(ks * tiles * BLOCK_M * bn if ks > 1 else 1, dtype=torch.float32, device=o.device)
+    _o_kernel[(tiles * ks,)](
+        o, wo, bo if bo is not None else o.new_empty(1), _u8(mask, o), x, xo, norm_w, h, ss, part,
+        tile_counters(o, tiles + 1), b, d, k, ng, g, chunk, eps,
+        KS=ks, ROUTED=mask is not None, HAS_BIAS=bo is not None, BM=BLOCK_M, BLOCK_N=bn,
+        BLOCK_K=bk, T_P=next_pow2(tiles), **_norm_blocks(b, d, o), PREC=_prec(o), num_warps=nw,
         **_stages(o), **pdl_launch(o),
     )  # fmt: skip
     return xo, h
@@ -764,16 +828,18 @@ def _ffn_op(
     ch = TUNE.get("ffn_chunk", ffn_chunk(group, ng, _sms(h))) if h.is_cuda else 16
     cpg = group // ch
     bk, nw = _gemv_blocks(h)
-    bn = 16 if not h.is_cuda else TUNE.get("ffn_block_n", 32)
-    n_cons = triton.cdiv(d, bn)
+    bn = 16 if not h.is_cuda else TUNE.get("ffn_block_n", 64)
+    tiles = triton.cdiv(d, bn)
+    ks = TUNE.get("ffn_splits", k_splits(tiles, ng, _sms(h)))
     a = torch.empty(b, df, dtype=h.dtype, device=h.device)
     xo, hn = torch.empty_like(x), torch.empty_like(x)
-    ss = torch.empty(n_cons * BLOCK_M, dtype=torch.float32, device=h.device)
-    _ffn_kernel[(ng * cpg + n_cons,)](
-        h, w_gate, w_up, w_down, _u8(mask, h), a, x, xo, norm_w, hn, ss, tile_counters(h, 3),
+    ss = torch.empty(tiles * BLOCK_M, dtype=torch.float32, device=h.device)
+    part = torch.empty(ks * tiles * BLOCK_M * bn if ks > 1 else 1, dtype=torch.float32, device=h.device)
+    _ffn_kernel[(ng * cpg + tiles * ks,)](
+        h, w_gate, w_up, w_down, _u8(mask, h), a, x, xo, norm_w, hn, ss, part, tile_counters(h, 2 + ks + tiles),
         b, d, df, ng, group, eps,
-        CPG=cpg, CH=ch, ROUTED=mask is not None, BM=BLOCK_M, BLOCK_K=min(bk, next_pow2(d)), BLOCK_N=bn,
-        BLOCK_KD=largest_pow2_divisor(group, bk), T_P=next_pow2(n_cons), **_norm_blocks(b, d, h), PREC=_prec(h),
+        KS=ks, CPG=cpg, CH=ch, ROUTED=mask is not None, BM=BLOCK_M, BLOCK_K=min(bk, next_pow2(d)), BLOCK_N=bn,
+        BLOCK_KD=largest_pow2_divisor(group, bk), T_P=next_pow2(tiles), **_norm_blocks(b, d, h), PREC=_prec(h),
         num_warps=nw,
         **_stages(h), **pdl_launch(h),
     )  # fmt: skip

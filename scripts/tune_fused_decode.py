@@ -1,0 +1,245 @@
+"""Per-kernel sweep of the fused decode layer's GEMV kernels against cuBLAS (one H200, a few minutes).
+
+    python scripts/tune_fused_decode.py --out $OUT        # -> $OUT/fused-tune-h200.json and .md
+
+Llama-3.1-8B layer shapes (D 4,096, Hq 32, Hk 8, d 128, D' 14,336, FFN groups of 128), bf16, random
+weights. For each kernel (QKV + RoPE + cache write, O + residual + norm, the FFN) and each launch
+configuration (``wide.kernels.fused_decode.TUNE`` overrides), B 1 and 16, dense (no mask) and routed
+(each token runs a random half of the groups): the time per call (``wide.bench.timing.time_calls``: a CUDA
+graph of back-to-back calls on rotated weight copies larger than L2), the bytes of weights the call reads
+(groups no token runs are not read) and the TB/s that makes; cuBLAS's ``F.linear`` of the same matrices
+(dense) as the yardstick. Every configuration's output is checked against the fp32 reference before it
+is timed (bf16 rule: error <= 2x the bf16 torch path's, + 1e-5 of the scale); a failing one is recorded
+with ``err_ok: false`` and not timed. The fastest passing configuration per (kernel, B, routed) is
+listed in the .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+import traceback
+
+import torch
+import torch.nn.functional as F
+
+from wide.bench.timing import copies_for, median_ms
+from wide.bench.timing import time_calls as _time_calls
+from wide.kernels import fused_decode as FD
+
+D, HQ, HK, HD, DF, G = 4096, 32, 8, 128, 14336, 128
+DEV, DTYPE = "cuda", torch.bfloat16
+# --smoke: the interpreter on a CPU, in fp32 (the interpreter's bf16 arithmetic is not the GPU's)
+SMOKE = dict(D=128, HQ=4, HK=2, HD=32, DF=256, G=32, DEV="cpu", DTYPE=torch.float32)
+
+# (name, overrides): the shape rules (empty dict) first, then the variants
+QKV = [{}, *({"qkv_slices": s, "qkv_splits": k} for s, k in ((4, 1), (4, 2), (4, 4), (2, 2), (2, 4), (1, 4)))]
+O_PROJ = [{}, *({"o_block_n": n, "o_splits": k} for n, k in ((32, 1), (32, 2), (32, 4), (32, 8), (16, 4), (64, 4),
+                                                              (64, 8)))]  # fmt: skip
+FFN = [
+    {},
+    *(
+        {"ffn_chunk": c, "ffn_splits": k, "ffn_block_n": n}
+        for c, k, n in (
+            (32, 1, 32),
+            (32, 2, 32),
+            (32, 4, 32),
+            (32, 8, 32),
+            (16, 4, 32),
+            (64, 4, 32),
+            (32, 4, 16),
+            (32, 4, 64),
+            (32, 8, 64),
+        )  # fmt: skip
+    ),
+]
+STREAM = [{"block_k": bk, "num_warps": nw, "num_stages": ns} for bk, nw, ns in
+          ((128, 4, 4), (256, 4, 4), (256, 8, 3), (512, 8, 3), (128, 4, 6), (256, 4, 2))]  # fmt: skip
+
+
+def time_calls(fns) -> float:
+    if DEV == "cpu":
+        return sum(median_ms(fn, 1, "cpu") for fn in fns) / len(fns)
+    return _time_calls(fns)
+
+
+def err_ok(out: torch.Tensor, ref32: torch.Tensor, ref_bf16: torch.Tensor) -> tuple[bool, float, float]:
+    if ref_bf16.dtype == torch.float32:  # smoke (fp32): the reference rounded to bf16 sets the bar
+        ref_bf16 = ref_bf16.bfloat16()
+    scale = max(1.0, ref32.abs().max().item())
+    err = (out.float() - ref32).abs().max().item()
+    base = (ref_bf16.float() - ref32).abs().max().item()
+    return err <= 2 * base + 1e-5 * scale, err, base
+
+
+def rand_mask(b: int, ng: int, routed: bool, gen: torch.Generator) -> torch.Tensor | None:
+    if not routed:
+        return None
+    return (torch.rand(b, ng, generator=gen) < 0.5).to(DEV)
+
+
+def qkv_case(b: int, routed: bool, gen: torch.Generator):
+    n = (HQ + 2 * HK) * HD
+    w = [torch.randn(n, D, device=DEV, dtype=DTYPE) * D**-0.5 for _ in range(copies_for(n * D * 2))]
+    h = torch.randn(b, D, device=DEV, dtype=DTYPE)
+    pos = torch.arange(b, device=DEV)
+    ang = pos.float()[:, None] * (1.0 / 10000 ** (torch.arange(0, HD, 2, device=DEV).float() / HD))[None, :]
+    cos, sin = torch.cat([ang, ang], -1).cos(), torch.cat([ang, ang], -1).sin()
+    kc = torch.zeros(b, 64, HK, HD, device=DEV, dtype=DTYPE)
+    vc = torch.zeros_like(kc)
+    mask = rand_mask(b, HK, routed, gen)
+
+    def call(i: int):
+        return FD.qkv_rope_cache(h, w[i], None, mask, cos, sin, pos, kc, vc, HQ)
+
+    def check(out):
+        kr32, vr32 = kc.float().clone(), vc.float().clone()
+        ref32 = FD.qkv_rope_cache_ref(h.float(), w[0].float(), None, cos, sin, pos, kr32, vr32, HQ)
+        kr, vr = kc.clone(), vc.clone()
+        ref = FD.qkv_rope_cache_ref(h, w[0], None, cos, sin, pos, kr, vr, HQ)
+        run = torch.ones(HQ, dtype=torch.bool, device=DEV) if mask is None else mask.any(0).repeat_interleave(HQ // HK)
+        return err_ok(out[:, run], ref32[:, run], ref[:, run])
+
+    active = 1.0 if mask is None else mask.any(0).float().mean().item()
+    nbytes = (HQ * active + 2 * HK) * HD * D * 2
+    dense = [[lambda i=i: F.linear(h, w[i]) for i in range(len(w))]]
+    return call, len(w), check, nbytes, dense, (HQ + 2 * HK) * HD * D * 2
+
+
+def o_case(b: int, routed: bool, gen: torch.Generator):
+    k = HQ * HD
+    w = [torch.randn(D, k, device=DEV, dtype=DTYPE) * k**-0.5 for _ in range(copies_for(D * k * 2))]
+    mask = rand_mask(b, HK, routed, gen)
+    o = torch.randn(b, k, device=DEV, dtype=DTYPE)
+    if mask is not None:
+        o = o * mask.repeat_interleave(k // HK, dim=1)
+    x = torch.randn(b, D, device=DEV, dtype=DTYPE)
+    nw = torch.rand(D, device=DEV, dtype=DTYPE) + 0.5
+
+    def call(i: int):
+        return FD.o_proj_residual_norm(o, w[i], None, mask, x, nw, 1e-5)
+
+    def check(out):
+        ref32 = FD.o_proj_residual_norm_ref(o.float(), w[0].float(), None, x.float(), nw.float(), 1e-5)[0]
+        ref = FD.o_proj_residual_norm_ref(o, w[0], None, x, nw, 1e-5)[0]
+        return err_ok(out[0], ref32, ref)
+
+    active = 1.0 if mask is None else mask.any(0).float().mean().item()
+    dense = [[lambda i=i: F.linear(o, w[i]) for i in range(len(w))]]
+    return call, len(w), check, D * k * 2 * active, dense, D * k * 2
+
+
+def ffn_case(b: int, routed: bool, gen: torch.Generator):
+    wg = torch.randn(DF, D, device=DEV, dtype=DTYPE) * D**-0.5
+    wu = torch.randn(DF, D, device=DEV, dtype=DTYPE) * D**-0.5
+    wd = torch.randn(D, DF, device=DEV, dtype=DTYPE) * DF**-0.5
+    wgu = torch.cat([wg, wu])
+    mask = rand_mask(b, DF // G, routed, gen)
+    h = torch.randn(b, D, device=DEV, dtype=DTYPE)
+    x = torch.randn(b, D, device=DEV, dtype=DTYPE)
+    nw = torch.rand(D, device=DEV, dtype=DTYPE) + 0.5
+    a = torch.randn(b, DF, device=DEV, dtype=DTYPE)
+
+    def call(i: int):
+        return FD.ffn_residual_norm(h, wg, wu, wd, mask, x, nw, 1e-5, G)
+
+    def check(out):
+        f32 = [t.float() for t in (h, wg, wu, wd)]
+        m = None if mask is None else mask
+        ref32 = FD.ffn_residual_norm_ref(*f32, m, x.float(), nw.float(), 1e-5)[0]
+        ref = FD.ffn_residual_norm_ref(h, wg, wu, wd, m, x, nw, 1e-5)[0]
+        return err_ok(out[0], ref32, ref)
+
+    active = 1.0 if mask is None else mask.any(0).float().mean().item()
+    dense = [[lambda: F.linear(h, wgu)], [lambda: F.linear(a, wd)]]  # cuBLAS: the sum of both GEMVs
+    return call, 1, check, 3 * DF * D * 2 * active, dense, 3 * DF * D * 2
+
+
+CASES = {"qkv": (qkv_case, QKV), "o": (o_case, O_PROJ), "ffn": (ffn_case, FFN)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--batches", default="1,16")
+    ap.add_argument("--kernels", default="qkv,o,ffn")
+    ap.add_argument("--budget-s", type=float, default=240.0)
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (TRITON_INTERPRET=1)")
+    args = ap.parse_args()
+    if args.smoke:
+        globals().update(SMOKE)
+    t0 = time.time()
+    rows: list[dict] = []
+    meta = {"command": "python scripts/tune_fused_decode.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in
+                                                                          vars(args).items() if k != "out"),
+            "device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu", "torch": torch.__version__}  # fmt: skip
+
+    def write() -> None:
+        meta["wall_s"] = time.time() - t0
+        with open(os.path.join(args.out, "fused-tune-h200.json"), "w") as fh:
+            json.dump({"meta": meta, "records": rows}, fh, indent=1)
+        best: dict[tuple, dict] = {}
+        for r in rows:
+            if r.get("ms") and r.get("err_ok"):
+                key = (r["kernel"], r["B"], r["routed"])
+                if key not in best or r["ms"] < best[key]["ms"]:
+                    best[key] = r
+        lines = [f"# Fused decode GEMV sweep ({meta['device']})", "", f"Command: `{meta['command']}`", "",
+                 "| kernel | B | routed | best overrides | ms | TB/s | shape rules ms | cuBLAS dense ms (TB/s) |",
+                 "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for key, r in sorted(best.items(), key=lambda kv: str(kv[0])):
+            default = next((x for x in rows if (x["kernel"], x["B"], x["routed"]) == key and not x["tune"]), {})
+            lines.append(
+                f"| {key[0]} | {key[1]} | {key[2]} | {r['tune']} | {r['ms']:.4f} | {r['tb_per_s']:.2f} "
+                f"| {default.get('ms', float('nan')):.4f} | {r.get('cublas_ms', float('nan')):.4f} "
+                f"({r.get('cublas_tb_per_s', float('nan')):.2f}) |"
+            )
+        with open(os.path.join(args.out, "fused-tune-h200.md"), "w") as fh:
+            fh.write("\n".join(lines) + "\n")
+
+    def measure(name: str, b: int, routed: bool, cfg: dict, case, cublas_ms: float) -> dict | None:
+        """One configuration: checked, then timed; None once the time budget is spent."""
+        call, n_copies, check, nbytes, _, dense_bytes = case
+        if time.time() - t0 > args.budget_s:
+            return None
+        rec = {"kernel": name, "B": b, "routed": routed, "tune": cfg, "bytes": nbytes, "cublas_ms": cublas_ms,
+               "cublas_tb_per_s": dense_bytes / (cublas_ms * 1e-3) / 1e12}  # fmt: skip
+        FD.TUNE.clear()
+        FD.TUNE.update(cfg)
+        try:
+            ok, err, base = check(call(0))
+            rec.update(err_ok=ok, err=err, torch_err=base)
+            if ok:
+                ms = time_calls([lambda i=i: call(i) for i in range(n_copies)])
+                rec.update(ms=ms, tb_per_s=nbytes / (ms * 1e-3) / 1e12)
+        except Exception as exc:  # noqa: BLE001 - record and keep going
+            rec["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            rec["traceback"] = traceback.format_exc()[-1200:]
+        rows.append(rec)
+        print(json.dumps({k: v for k, v in rec.items() if k != "traceback"}), flush=True)
+        return rec
+
+    gen = torch.Generator().manual_seed(0)
+    for name in args.kernels.split(","):
+        make, grid = CASES[name]
+        for b in (int(x) for x in args.batches.split(",")):
+            for routed in (False, True):
+                case = make(b, routed, gen)
+                cublas_ms = sum(time_calls(fns) for fns in case[4])
+                recs = [measure(name, b, routed, cfg, case, cublas_ms) for cfg in grid]
+                done = [r for r in recs if r and r.get("ms")]
+                if done:  # the weight-streaming loop's tile and pipeline depth, on the best configuration
+                    top = min(done, key=lambda r: r["ms"])["tune"]
+                    for st in STREAM:
+                        measure(name, b, routed, dict(top, **st), case, cublas_ms)
+                del case
+                torch.cuda.empty_cache()
+                write()
+    FD.TUNE.clear()
+    write()
+
+
+if __name__ == "__main__":
+    main()
