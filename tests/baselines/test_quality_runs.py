@@ -99,7 +99,7 @@ def test_spec_checks_order_and_device_spec():
     for t in (0.25, 0.5):
         trained = {s.method: s for s in specs if s.target == t and not s.match_flops and s.method != "dense"}
         assert set(trained) == {"wide", "module-skip", "layer-skip"}
-        assert all(s.steps == 400 and s.name for s in trained.values())
+        assert all(s.steps == 300 and s.name for s in trained.values())
         matched = [s for s in specs if s.match_flops == trained["wide"].key]
         assert sorted(s.method for s in matched) == ["static-width", "teal"]
     assert all(s.match_flops in names for s in specs if s.match_flops)
