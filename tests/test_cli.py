@@ -91,6 +91,10 @@ def test_cli_errors_are_clear(tiny_dir, tmp_path, capsys):
         tmp_path / "o",
     )
     assert rc == 2 and "power of two" in capsys.readouterr().err
+    # a data root without the default calibration text: named before the model loads
+    (tmp_path / "root").mkdir()
+    rc = cli("calibrate", "--model", tiny_dir, "--data-dir", tmp_path / "root", "--steps", 1, "--out", tmp_path / "o")
+    assert rc == 2 and "redpajama/sample_redpajama" in capsys.readouterr().err
 
 
 def test_unsupported_family_via_cli(tiny_dir, tmp_path, capsys):

@@ -55,6 +55,11 @@ def _data_source(a: argparse.Namespace) -> tuple[str, Path | None]:
             "no training text: pass --data (a .txt/.jsonl/.json/.parquet file, a folder, or a Hugging Face dataset "
             "name when online), or --data-dir / WIDE_DATA for the RedPajama sample of a data folder"
         )
+    if a.data is None and not (root / "redpajama" / "sample_redpajama").is_dir():
+        raise FileNotFoundError(
+            f"no training text: the data root {root} has no redpajama/sample_redpajama; pass --data (a file, a "
+            "folder, or a Hugging Face dataset name when online)"
+        )
     return a.data or str(root / "redpajama" / "sample_redpajama"), root
 
 

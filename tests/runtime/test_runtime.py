@@ -182,6 +182,34 @@ def test_scores_and_decisions_equal_the_masked_path_in_low_precision(family, dty
     assert torch.equal(out, ref)
 
 
+@pytest.mark.parametrize(
+    ("family", "dtype"),
+    [
+        ("llama", torch.bfloat16),
+        ("qwen2", torch.bfloat16),
+        ("mistral", torch.bfloat16),
+        ("llama", torch.float16),
+        ("qwen3", torch.float16),
+        # one-ulp difference in the attention of a decode step (SDPA on one query vs the last row of the
+        # whole sequence), at a near-tie of the top two logits at step 7: docs/results.md, served = evaluated
+        pytest.param("qwen3", torch.bfloat16, marks=pytest.mark.xfail(strict=True, reason="bf16 near-tie")),
+    ],
+)
+def test_greedy_generation_equals_the_masked_path_in_low_precision(family, dtype, monkeypatch):
+    """What a CPU user is served, token for token: 32 greedy tokens through the runtime's cached decode equal
+    the masked path re-scoring the whole sequence at every step, in bf16 / fp16."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    model, wm = _routed(family, seed=1)
+    model.to(dtype)
+    ids = torch.randint(0, 101, (2, 9))
+    out = generate(WideRuntime(wm, max_batch=2, max_seq=48), ids, 32)
+    seq = ids
+    with torch.no_grad():
+        for _ in range(32):
+            seq = torch.cat([seq, wm(seq).logits[:, -1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(out, seq)
+
+
 def test_runtime_meters_its_own_decisions():
     model, wm = _routed("llama", seed=3)
     ids = torch.randint(0, 101, (2, 9))
