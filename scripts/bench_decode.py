@@ -272,16 +272,20 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="tiny model (CPU interpreter / quick GPU check)")
     ap.add_argument("--tune", default="", help="fused launch overrides, e.g. ffn_block_n=64,num_stages=4")
     args = ap.parse_args()
-    for kv in filter(None, args.tune.split(",")):
-        key, val = kv.split("=")
-        fused_decode.TUNE[key] = int(val)
+    tune = {k: int(v) for k, v in (kv.split("=") for kv in filter(None, args.tune.split(",")))}
+    with fused_decode.launch_overrides(**tune):
+        run_all(args, tune)
+
+
+def run_all(args: argparse.Namespace, tune: dict[str, int]) -> None:
+    """Every variant of the benchmark (under the caller's launch overrides)."""
     t0 = time.time()
     meta = {
         "command": "python scripts/bench_decode.py " + " ".join(f"{k}={v}" for k, v in vars(args).items()),
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "torch": torch.__version__,
         "ctx": args.ctx,
-        "tune": dict(fused_decode.TUNE),
+        "tune": tune,
     }
     shape = dict(LLAMA_8B, num_hidden_layers=args.layers)
     dev, dtype = ("cuda", torch.bfloat16) if torch.cuda.is_available() else ("cpu", torch.float32)

@@ -4,7 +4,7 @@
 
 Llama-3.1-8B layer shapes (D 4,096, Hq 32, Hk 8, d 128, D' 14,336, FFN groups of 128), bf16, random
 weights. For each kernel (QKV + RoPE + cache write, O + residual + norm, the FFN) and each launch
-configuration (``wide.kernels.fused_decode.TUNE`` overrides), B 1 and 16, dense (no mask) and routed
+configuration (``wide.kernels.fused_decode.launch_overrides``), B 1 and 16, dense (no mask) and routed
 (each token runs a random half of the groups): the time per call (``wide.bench.timing.time_calls``: a CUDA
 graph of back-to-back calls on rotated weight copies larger than L2), the bytes of weights the call reads
 (groups no token runs are not read) and the TB/s that makes; cuBLAS's ``F.linear`` of the same matrices
@@ -206,14 +206,13 @@ def main() -> None:
             return None
         rec = {"kernel": name, "B": b, "routed": routed, "tune": cfg, "bytes": nbytes, "cublas_ms": cublas_ms,
                "cublas_tb_per_s": dense_bytes / (cublas_ms * 1e-3) / 1e12}  # fmt: skip
-        FD.TUNE.clear()
-        FD.TUNE.update(cfg)
         try:
-            ok, err, base = check(call(0))
-            rec.update(err_ok=ok, err=err, torch_err=base)
-            if ok:
-                ms = time_calls([lambda i=i: call(i) for i in range(n_copies)])
-                rec.update(ms=ms, tb_per_s=nbytes / (ms * 1e-3) / 1e12)
+            with FD.launch_overrides(**cfg):
+                ok, err, base = check(call(0))
+                rec.update(err_ok=ok, err=err, torch_err=base)
+                if ok:
+                    ms = time_calls([lambda i=i: call(i) for i in range(n_copies)])
+                    rec.update(ms=ms, tb_per_s=nbytes / (ms * 1e-3) / 1e12)
         except Exception as exc:  # noqa: BLE001 - record and keep going
             rec["error"] = f"{type(exc).__name__}: {exc}"[:300]
             rec["traceback"] = traceback.format_exc()[-1200:]
@@ -237,7 +236,6 @@ def main() -> None:
                 del case
                 torch.cuda.empty_cache()
                 write()
-    FD.TUNE.clear()
     write()
 
 

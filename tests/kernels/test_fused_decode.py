@@ -272,11 +272,24 @@ def test_fused_ops_capture_in_a_cuda_graph():
 
 
 @pytest.mark.parametrize("ks", [1, 2, 4])
-def test_split_k_paths(kernel_device, monkeypatch, ks):
+def test_split_k_paths(kernel_device, ks):
     """Each GEMV's K split (QKV, O, down) against the reference, routed (GQA 3, B 3, a group no token runs),
     and repeat bit-identical (the partials are summed in split order whatever the arrival order)."""
-    for key in ("qkv_splits", "o_splits", "ffn_splits"):
-        monkeypatch.setitem(FD.TUNE, key, ks)
+    with FD.launch_overrides(qkv_splits=ks, o_splits=ks, ffn_splits=ks):
+        _check_split_k_paths(kernel_device, ks)
+
+
+def test_launch_overrides_are_checked_and_scoped():
+    with pytest.raises(TypeError):
+        FD.launch_overrides(ffn_split=2).__enter__()
+    with pytest.raises(ValueError, match="power of two"):
+        FD.launch_overrides(o_splits=3).__enter__()
+    with FD.launch_overrides(o_splits=4) as ov:
+        assert ov.o_splits == 4 and ov.ffn_splits is None
+    assert FD._OVERRIDES.get() is None  # the block's end restores the shape rules
+
+
+def _check_split_k_paths(kernel_device, ks):
     torch.manual_seed(ks)
     b, hq, hk, d, dm, df, g = 3, 6, 2, 32, 96, 80, 16
     mask_a = torch.tensor([[True, False], [True, False], [False, False]])

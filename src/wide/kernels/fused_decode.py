@@ -35,6 +35,10 @@ zeroed per-stream buffer of ``_split_reduce`` and every kernel leaves them zeroe
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -58,10 +62,58 @@ if HAS_TRITON:
     from ._triton_utils import pdl_begin
 
 MAX_BATCH = 16  # decode only: one 16-row tensor-core tile holds the batch
-# Launch-parameter overrides for GPU sweeps (unset: the shape rules below). Keys: "block_k", "num_warps",
-# "num_stages" (the weight-streaming loops), "qkv_slices", "qkv_splits", "o_block_n", "o_splits",
-# "ffn_block_n", "ffn_chunk", "ffn_splits", "norm_tile" (elements per step of the norm tails).
-TUNE: dict[str, int] = {}
+
+
+@dataclass(frozen=True)
+class LaunchOverrides:
+    """Launch shapes that replace this module's shape rules (None: the rule), for GPU sweeps
+    (``launch_overrides``). block_k / num_warps / num_stages: the weight-streaming loops; qkv_slices: row
+    slices per head; *_splits: K splits (powers of two); o_block_n / ffn_block_n: output columns per tile;
+    ffn_chunk: channels per FFN producer; norm_tile: elements per step of the norm tails."""
+
+    block_k: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+    qkv_slices: int | None = None
+    qkv_splits: int | None = None
+    o_block_n: int | None = None
+    o_splits: int | None = None
+    ffn_block_n: int | None = None
+    ffn_chunk: int | None = None
+    ffn_splits: int | None = None
+    norm_tile: int | None = None
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise ValueError(f"launch override {f.name} must be a positive int, got {v!r}")
+            if v is not None and f.name.endswith("_splits") and v & (v - 1):
+                raise ValueError(f"launch override {f.name} must be a power of two, got {v}")
+
+
+_OVERRIDES: ContextVar[LaunchOverrides | None] = ContextVar("wide_fused_launch", default=None)  # None: no overrides
+
+
+@contextmanager
+def launch_overrides(**shapes: int) -> Iterator[LaunchOverrides]:
+    """Within the block (and CUDA graphs captured in it) the fused kernels launch with these shapes
+    instead of the shape rules; keys are ``LaunchOverrides``' fields (an unknown key: TypeError)."""
+    ov = LaunchOverrides(**shapes)
+    token = _OVERRIDES.set(ov)
+    try:
+        yield ov
+    finally:
+        _OVERRIDES.reset(token)
+
+
+def _ov(name: str, rule):
+    """The override of ``name`` if one is set, else ``rule`` (a value)."""
+    ov = _OVERRIDES.get()
+    v = None if ov is None else getattr(ov, name)
+    return rule if v is None else v
+
+
 BLOCK_M = 16
 _LOG2E = 1.4426950408889634
 
@@ -605,11 +657,12 @@ def _gemv_blocks(t: torch.Tensor) -> tuple[int, int]:
     """(BLOCK_K, num_warps) of the weight-streaming loops: wide K tiles on the GPU, small in the interpreter."""
     if not t.is_cuda:
         return 64, 1
-    return TUNE.get("block_k", 256), TUNE.get("num_warps", 4)
+    return _ov("block_k", 256), _ov("num_warps", 4)
 
 
 def _stages(t: torch.Tensor) -> dict:
-    return {"num_stages": TUNE["num_stages"]} if t.is_cuda and "num_stages" in TUNE else {}
+    stages = _ov("num_stages", None)
+    return {"num_stages": stages} if t.is_cuda and stages is not None else {}
 
 
 def _norm_blocks(b: int, d: int, t: torch.Tensor) -> dict:
@@ -617,7 +670,7 @@ def _norm_blocks(b: int, d: int, t: torch.Tensor) -> dict:
     GPU (few dependent steps, while the tail's registers stay below the weight loop's: the tail shares the
     kernel's register budget and so its occupancy), 256 in the interpreter."""
     rb = max(2, next_pow2(b))
-    total = TUNE.get("norm_tile", 4096) if t.is_cuda else 256
+    total = _ov("norm_tile", 4096) if t.is_cuda else 256
     return {"RB": rb, "NB": max(16, min(next_pow2(d), total // rb))}
 
 
@@ -704,12 +757,12 @@ def _qkv_op(
     q = torch.empty(b, n_q, hd, dtype=h.dtype, device=h.device)
     n_heads = n_q + 2 * hk
     rs = qkv_row_slices(hd, q_norm is not None, n_heads, _sms(h))
-    if "qkv_slices" in TUNE and q_norm is None:
-        rs = TUNE["qkv_slices"]
+    if q_norm is None:
+        rs = _ov("qkv_slices", rs)
     bk, nw = _gemv_blocks(h)
     bk = min(bk, next_pow2(d_model))
     tiles = n_heads * rs
-    ks = TUNE.get("qkv_splits", k_splits(tiles, triton.cdiv(d_model, bk), _sms(h)))
+    ks = _ov("qkv_splits", k_splits(tiles, triton.cdiv(d_model, bk), _sms(h)))
     chunk = triton.cdiv(triton.cdiv(d_model, ks), bk) * bk
     dummy = h.new_empty(1)
     part = torch.empty(ks * tiles * BLOCK_M * hd if ks > 1 else 1, dtype=torch.float32, device=h.device)
@@ -787,9 +840,9 @@ def _o_op(
     bk, nw = _gemv_blocks(o)
     g = k // ng
     bk = largest_pow2_divisor(g, bk)
-    bn = 16 if not o.is_cuda else TUNE.get("o_block_n", 32)
+    bn = 16 if not o.is_cuda else _ov("o_block_n", 32)
     tiles = triton.cdiv(d, bn)
-    ks = TUNE.get("o_splits", k_splits(tiles, triton.cdiv(k, bk), _sms(o)))
+    ks = _ov("o_splits", k_splits(tiles, triton.cdiv(k, bk), _sms(o)))
     chunk = triton.cdiv(triton.cdiv(k, ks), bk) * bk  # a multiple of BLOCK_K: no step straddles a group
     ss = torch.empty(tiles * BLOCK_M, dtype=torch.float32, device=o.device)
     part = torch.empty(ks * tiles * BLOCK_M * bn if ks > 1 else 1, dtype=torch.float32, device=o.device)
@@ -825,12 +878,12 @@ def _ffn_op(
     b, d = h.shape
     df = w_gate.shape[0]
     ng = df // group
-    ch = TUNE.get("ffn_chunk", ffn_chunk(group, ng, _sms(h))) if h.is_cuda else 16
+    ch = _ov("ffn_chunk", ffn_chunk(group, ng, _sms(h))) if h.is_cuda else 16
     cpg = group // ch
     bk, nw = _gemv_blocks(h)
-    bn = 16 if not h.is_cuda else TUNE.get("ffn_block_n", 64)
+    bn = 16 if not h.is_cuda else _ov("ffn_block_n", 64)
     tiles = triton.cdiv(d, bn)
-    ks = TUNE.get("ffn_splits", k_splits(tiles, ng, _sms(h)))
+    ks = _ov("ffn_splits", k_splits(tiles, ng, _sms(h)))
     a = torch.empty(b, df, dtype=h.dtype, device=h.device)
     xo, hn = torch.empty_like(x), torch.empty_like(x)
     ss = torch.empty(tiles * BLOCK_M, dtype=torch.float32, device=h.device)
