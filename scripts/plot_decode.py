@@ -1,0 +1,70 @@
+"""Decode time per token against sparsity from a `scripts/bench_decode.py` record: one line per (step, B),
+fused and unfused, the same run's dense TPOT as a dashed line of the same colour.
+
+  python scripts/plot_decode.py bench/results/decode-h200.json --out docs/plots/decode-h200.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def series(records: list[dict]) -> tuple[dict[tuple, list[tuple[float, float]]], dict[tuple, float]]:
+    """({(fused, B): [(sparsity, TPOT ms)] sorted}, {(fused, B): dense TPOT ms}); rows at one shared
+    sparsity level only (per-kind rows and failed rows left out)."""
+    lines: dict[tuple, list[tuple[float, float]]] = {}
+    dense: dict[tuple, float] = {}
+    for r in records:
+        if r.get("kind") != "tpot" or not r.get("tpot_ms") or not isinstance(r.get("sparsity"), (int, float)):
+            continue
+        key = (bool(r.get("fused")), r["B"])
+        if r["variant"] == "dense":
+            dense[key] = r["tpot_ms"]
+        elif r["variant"] == "wide":
+            lines.setdefault(key, []).append((float(r["sparsity"]), r["tpot_ms"]))
+    return {k: sorted(v) for k, v in sorted(lines.items())}, dense
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("record", type=Path, help="decode-h200.json (scripts/bench_decode.py)")
+    ap.add_argument("--out", type=Path, required=True, help="the .png to write")
+    a = ap.parse_args(argv)
+    data = json.loads(a.record.read_text())
+    lines, dense = series(data["records"] if isinstance(data, dict) else data)
+    if not lines:
+        print(f"{a.record}: no WIDE TPOT rows to plot", file=sys.stderr)
+        return 2
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    batches = sorted({b for _, b in lines})
+    fig, axes = plt.subplots(1, len(batches), figsize=(5 * len(batches), 3.8), squeeze=False)
+    for ax, b in zip(axes[0], batches, strict=True):
+        for fused, colour in ((False, "tab:gray"), (True, "tab:blue")):
+            pts = lines.get((fused, b))
+            if not pts:
+                continue
+            name = "fused" if fused else "unfused (compiled)"
+            ax.plot([p[0] * 100 for p in pts], [p[1] for p in pts], "o-", color=colour, label=f"WIDE, {name}")
+            if (fused, b) in dense:
+                ax.axhline(dense[(fused, b)], color=colour, ls="--", lw=1, label=f"dense, {name}")
+        ax.set(title=f"B = {b}", xlabel="groups skipped per token (%)", ylabel="TPOT (ms)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    meta = data.get("meta", {}) if isinstance(data, dict) else {}
+    fig.suptitle(f"Decode, Llama-3.1-8B shapes, ctx {meta.get('ctx', '?')} ({meta.get('device', '?')})", fontsize=10)
+    fig.tight_layout()
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(a.out, dpi=120)
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""scripts/plot_decode.py on the committed decode record: the series it draws and the figure file."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORD = ROOT / "bench" / "results" / "decode-h200.json"
+
+
+def _plot_decode():
+    spec = importlib.util.spec_from_file_location("plot_decode", ROOT / "scripts" / "plot_decode.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_series_pair_each_wide_line_with_its_dense_run(tmp_path):
+    pd = _plot_decode()
+    records = json.loads(RECORD.read_text())["records"]
+    lines, dense = pd.series(records)
+    assert set(lines) == set(dense)  # every WIDE line has the same step's dense TPOT
+    for pts in lines.values():
+        levels = [s for s, _ in pts]
+        assert levels == sorted(levels) and all(0 <= s < 1 for s in levels)
+    # the per-kind row (attn / ffn rates differ) is not a point of the shared-level lines
+    assert sum(len(v) for v in lines.values()) < sum(1 for r in records if r.get("variant") == "wide")
+    assert pd.main([str(RECORD), "--out", str(tmp_path / "d.png")]) == 0
+    assert (tmp_path / "d.png").stat().st_size > 10_000
+
+
+def test_no_rows_is_a_clear_error(tmp_path, capsys):
+    empty = tmp_path / "e.json"
+    empty.write_text(json.dumps({"records": [{"kind": "tpot", "variant": "dense", "tpot_ms": 1.0, "B": 1}]}))
+    assert _plot_decode().main([str(empty), "--out", str(tmp_path / "e.png")]) == 2
+    assert "no WIDE TPOT rows" in capsys.readouterr().err
