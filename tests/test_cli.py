@@ -252,6 +252,24 @@ def test_generate_dense_equals_hf_and_routed_reports_sparsity(tiny_dir, text_fil
     assert cli("generate", "--model", tiny_dir, "--max-new-tokens", 0) == 2  # clear error, no traceback
 
 
+def test_generate_fused_decode_same_text_or_one_line_error(tiny_dir, tmp_path, capsys):
+    """--fused-decode: the same greedy text as the unfused runtime where the fused layer serves the model;
+    a one-line error where it does not (the tiny model's head_dim 16)."""
+    from transformers import AutoTokenizer
+
+    assert cli("generate", "--model", tiny_dir, "--max-new-tokens", 4, "--fused-decode") == 2
+    assert "head_dim a multiple of 32" in capsys.readouterr().err
+    d = tmp_path / "hd32"  # head_dim 32
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    tiny_model("llama", hidden=128, heads=4, kv=2, inter=128, vocab=len(tok)).save_pretrained(d)
+    tok.save_pretrained(d)
+    texts = []
+    for extra in ((), ("--fused-decode",)):
+        assert cli("generate", "--model", d, "--prompt", "The number 7 follows", "--max-new-tokens", 5, *extra) == 0
+        texts.append(capsys.readouterr().out)
+    assert texts[0] == texts[1] and texts[0].strip()
+
+
 def test_bench_e2e_subset_options_parse_and_reject_bad_lists(capsys):
     from wide.cli import build_parser
 

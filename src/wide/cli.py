@@ -264,7 +264,14 @@ def cmd_generate(a: argparse.Namespace) -> int:
     ids = tok(a.prompt, return_tensors="pt").input_ids.to(device)  # [1, T]
     if ids.shape[1] == 0:
         raise ValueError("the prompt encodes to no tokens")
-    rt = WideRuntime(wm, max_batch=1, max_seq=ids.shape[1] + a.max_new_tokens, routed=routed, compile=a.compile)
+    rt = WideRuntime(
+        wm,
+        max_batch=1,
+        max_seq=ids.shape[1] + a.max_new_tokens,
+        routed=routed,
+        compile=a.compile,
+        fused_decode=a.fused_decode,
+    )
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     t0 = time.perf_counter()
     out = generate(rt, ids, a.max_new_tokens)  # [1, T + n]
@@ -371,7 +378,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
         t = time.time()
         kw = {k: v for k, v in (("batches", a.batches), ("sparsities", a.sparsities)) if v}
-        rows = run_e2e_bench(a.out, quick=a.quick, compile=a.compile, **kw)
+        rows = run_e2e_bench(a.out, quick=a.quick, compile=a.compile, fused_decode=a.fused_decode, **kw)
         print(f"{len(rows)} records in {time.time() - t:.0f}s -> {a.out}")
         return 0
     raise SystemExit(f"unknown benchmark {a.what!r}")
@@ -631,6 +638,9 @@ def build_parser() -> argparse.ArgumentParser:
     gn.add_argument("--prompt", default="The history of the city begins", help="text to continue")
     gn.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate (greedy)")
     gn.add_argument("--compile", action="store_true", help="torch.compile the runtime's layer step")
+    gn.add_argument(
+        "--fused-decode", action="store_true", help="decode through the fused decode layer (<= 6 launches per layer)"
+    )
     gn.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     gn.add_argument("--device", help=DEVICE_HELP)
     gn.set_defaults(func=cmd_generate)
@@ -684,6 +694,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true", help="a few shapes only (a smoke run)")
     b.add_argument(
         "--compile", action="store_true", help="e2e: torch.compile the runtime's layer step (dense and WIDE alike)"
+    )
+    b.add_argument(
+        "--fused-decode",
+        action="store_true",
+        help="e2e: decode through the fused decode layer (<= 6 launches per layer; dense and WIDE alike)",
     )
     b.add_argument("--batches", type=_csv(int, 1, None), help="e2e: comma list of batch sizes (default 1,16)")
     b.add_argument(

@@ -38,3 +38,21 @@ def test_e2e_bench_records(tmp_path):
     for r in half:  # the fitted routers hit the target on the probe tokens
         assert 0.5 * (r["real_attn_sparsity"] + r["real_ffn_sparsity"]) == pytest.approx(0.5, abs=0.1)
     assert json.loads((tmp_path / "e2e-h200.json").read_text())[0]["kind"] == "e2e"
+
+
+def test_e2e_bench_fused_decode_is_recorded(tmp_path):
+    """--fused-decode reaches the runtime (head_dim 32 here: the fused layer serves it) and the meta says so."""
+    rows = run_e2e_bench(
+        str(tmp_path),
+        shape=dict(TINY, hidden_size=128),
+        device="cpu",
+        dtype=__import__("torch").float32,
+        sparsities=(0.5,),
+        batches=(1,),
+        prompt=8,
+        context=12,
+        reps=1,
+        fused_decode=True,
+    )
+    assert len(rows) == 2 and all(r["tpot_ms"] > 0 for r in rows)
+    assert json.loads((tmp_path / "e2e-h200.meta.json").read_text())["fused_decode"] is True

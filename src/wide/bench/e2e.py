@@ -71,6 +71,7 @@ def measure(
     reps: int,
     graph: bool,
     compile: bool = False,
+    fused_decode: bool = False,
     attn_sparsity_hint: float | list[float] | None = None,
     ffn_sparsity_hint: float | list[float] | None = None,
 ) -> dict:
@@ -81,6 +82,7 @@ def measure(
         max_seq=max(prompt, context) + 8,
         routed=routed,
         compile=compile,
+        fused_decode=fused_decode,
         attn_sparsity_hint=attn_sparsity_hint,
         ffn_sparsity_hint=ffn_sparsity_hint,
     )
@@ -142,8 +144,10 @@ def run_e2e_bench(
     context: int = 4096,
     reps: int = 10,
     compile: bool = False,
+    fused_decode: bool = False,
 ) -> list[dict]:
-    """Records (dense and WIDE per sparsity and batch) with ttft_ms, tpot_ms and speed-ups over dense."""
+    """Records (dense and WIDE per sparsity and batch) with ttft_ms, tpot_ms and speed-ups over dense;
+    fused_decode: decode steps through ``WideRuntime(fused_decode=True)``, dense and WIDE alike."""
     shape = shape or LLAMA_8B
     if quick:
         sparsities, batches, reps = (0.0, 0.5), (1,), 5
@@ -154,6 +158,7 @@ def run_e2e_bench(
     for b in batches:
         wm = WideModel(model, WideConfig(ffn_group_size=128))
         kw = dict(batch=b, prompt=prompt, context=context, device=device, reps=reps, graph=True, compile=compile)
+        kw["fused_decode"] = fused_decode
         dense = measure(wm, False, **kw)
         rows.append(
             {"kind": "e2e", "variant": "dense", "B": b, "prompt": prompt, "ctx": context, "sparsity": 0.0, **dense}
@@ -194,6 +199,7 @@ def run_e2e_bench(
         "dtype": str(dtype),
         "wall_s": time.time() - t0,
         "compiled": compile,
+        "fused_decode": fused_decode,
     }
     _write(out_dir, rows, compile, meta)
     return rows

@@ -318,7 +318,8 @@ def run_eval(
             m = base
         wm = load_method(m, r, strict_base=strict_base).eval()  # any method of wide.baselines
         try:
-            row = evaluate(make_lm(m, wm, routers=r), wm, Path(r).name)
+            # the bar names the checkpoint with its parent folder (runs/<name>/stage1 reads "<name>/stage1")
+            row = evaluate(make_lm(m, wm, routers=r), wm, "/".join(Path(r).parts[-2:]))
         finally:
             wm.detach()
         row["config"] = wm.config.to_dict()
