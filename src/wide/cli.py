@@ -517,9 +517,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--calib-batches", type=int, default=8, help="static-width / teal: calibration batches")
     c.add_argument(
         "--allocation",
-        choices=["global", "uniform"],
-        default="global",
-        help="static-width: rank groups over all layers, or remove the same count in every layer",
+        choices=["standardized", "global", "uniform"],
+        default="standardized",
+        help="static-width: rank groups over all layers after standardising scores within each layer (FLAP), "
+        "rank raw scores over all layers, or remove the same count in every layer",
     )
     c.add_argument("--alpha", type=float, default=20.0, help="weight of the sparsity loss (paper eq. 6)")
     c.add_argument("--tau-start", type=float, default=5.0, help="Gumbel-Softmax temperature at step 0")

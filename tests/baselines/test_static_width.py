@@ -73,6 +73,16 @@ def test_select_removed_global_and_uniform():
         select_removed(scores, 0.5, "random")
 
 
+def test_select_removed_standardized_ranks_within_layer_scales():
+    """Layer 1's scores are 100x layer 0's: a raw global ranking strips layer 0 whole, the standardised one
+    takes each layer's weakest groups (FLAP's per-layer standardisation)."""
+    scores = torch.tensor([[1.0, 2.0, 3.0, 4.0], [100.0, 400.0, 300.0, 200.0]])
+    assert select_removed(scores, 0.5, "global")[0].all()
+    std = select_removed(scores, 0.5, "standardized")
+    assert std.tolist() == [[True, True, False, False], [True, False, False, True]]
+    assert select_removed(scores, 0.5).tolist() == std.tolist()  # the default
+
+
 def test_constant_routes_hold_in_every_mode():
     wm = build(tiny_model("llama"), _cfg())
     skip = torch.tensor([True, False, True, True, False, False, True, False])

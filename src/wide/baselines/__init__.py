@@ -117,7 +117,7 @@ def calibrate_training_free(
     if method == "static-width":
         from wide.baselines.static_width import calibrate_static_width
 
-        fit = calibrate_static_width(wm, data, device, seq_len, allocation=kw.get("allocation", "global"))
+        fit = calibrate_static_width(wm, data, device, seq_len, allocation=kw.get("allocation", "standardized"))
     else:
         fit = wm.calibrate(data, device, seq_len, seed=seed)
     wm.mode = "argmax"

@@ -8,7 +8,8 @@ where x is the input of the projection that writes the group back into the resid
 (`o_proj` for attention: the group's heads' outputs; `down_proj` for the FFN: the group's channels
 after the gate) and W[:, c] the column of that projection reading channel c. It estimates how much
 the group adds to the residual stream. Selection: remove the fraction s of the groups of each kind with
-the lowest scores, ranked over all layers ("global") or the same count in every layer ("uniform").
+the lowest scores, standardised within each layer and ranked over all layers ("standardized", FLAP's
+allocation), ranked raw over all layers ("global") or the same count in every layer ("uniform").
 s is the target for sparsity_kind "groups" (attention / FFN targets when separate) and, for "flops",
 the fraction that removes S of the dense forward's FLOPs (a removed attention group takes its K/V
 projections with it; no router runs).
@@ -29,7 +30,7 @@ from wide.model.wide_model import WideModel, decoder_layers
 from wide.routing import EXECUTE, SKIP, Router
 from wide.train.losses import FlopWeights, flop_weights
 
-ALLOCATIONS = ("global", "uniform")
+ALLOCATIONS = ("standardized", "global", "uniform")
 CONSTANT_LOGIT = 30.0  # |skip − execute| logit of a constant router: Gumbel noise flips it with p = 1/(1+e^30)
 
 
@@ -125,16 +126,22 @@ def group_scores(wm: WideModel, batches: list[dict], device: torch.device) -> tu
     return out[0], out[1]
 
 
-def select_removed(scores: torch.Tensor, fraction: float, allocation: str = "global") -> torch.Tensor:
+def select_removed(scores: torch.Tensor, fraction: float, allocation: str = "standardized") -> torch.Tensor:
     """Boolean [L, N] (True = removed): the round(fraction·L·N) lowest scores over all layers ("global"),
-    or the round(fraction·N) lowest of every layer ("uniform"); ties go to the lower index."""
+    the same count of the lowest scores standardised within each layer ((s − mean) / std of the layer's
+    groups, FLAP's adaptive structure search: "standardized"), or the round(fraction·N) lowest of every
+    layer ("uniform"); ties go to the lower index. Raw scores grow with depth (so does the residual
+    stream), so "global" strips the first layers whole (docs/baselines.md)."""
     if allocation not in ALLOCATIONS:
         raise ValueError(f"allocation must be one of {ALLOCATIONS}, got {allocation!r}")
     if not 0.0 <= fraction <= 1.0:
         raise ValueError(f"the fraction of groups to remove must be in [0, 1], got {fraction}")
     L, N = scores.shape
     removed = torch.zeros(L, N, dtype=torch.bool, device=scores.device)
-    if allocation == "global":
+    if allocation in ("global", "standardized"):
+        if allocation == "standardized":
+            std = scores.std(dim=1, keepdim=True) if N > 1 else torch.ones_like(scores[:, :1])
+            scores = (scores - scores.mean(dim=1, keepdim=True)) / std.clamp_min(1e-12)
         k = round(fraction * L * N)
         idx = torch.sort(scores.flatten(), stable=True).indices[:k]
         removed.view(-1)[idx] = True
@@ -168,7 +175,7 @@ def target_fractions(config: WideConfig, weights: FlopWeights, n_layers: int) ->
 
 @torch.no_grad()
 def calibrate_static_width(
-    wm: WideModel, batches: list[dict], device: torch.device, seq_len: int, allocation: str = "global"
+    wm: WideModel, batches: list[dict], device: torch.device, seq_len: int, allocation: str = "standardized"
 ) -> dict:
     """Score the groups on batches, remove the target fraction, write the masks into wm's routers.
     Returns a summary (fractions, removed counts, the analytic FLOP saving at seq_len)."""
