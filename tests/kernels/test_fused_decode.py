@@ -291,20 +291,24 @@ def test_launch_overrides_are_checked_and_scoped():
 
 def _check_split_k_paths(kernel_device, ks):
     torch.manual_seed(ks)
-    b, hq, hk, d, dm, df, g = 3, 6, 2, 32, 96, 80, 16
+    b, hq, hk, d, dm, df, g = 3, 6, 2, 32, 88, 80, 16  # dm: not a multiple of the output tiles
     mask_a = torch.tensor([[True, False], [True, False], [False, False]])
     h, x, nw = torch.randn(b, dm), torch.randn(b, dm), torch.rand(dm) + 0.5
     w = torch.randn((hq + 2 * hk) * d, dm) / dm**0.5
     pos = torch.tensor([1, 4, 0])
     cos, sin = _rope(b, d, pos)
-    kc, vc = torch.randn(b, 6, hk, d), torch.randn(b, 6, hk, d)
-    kr, vr = kc.clone(), vc.clone()
-    q_ref = FD.qkv_rope_cache_ref(h, w, None, cos, sin, pos, kr, vr, hq, None, None, 0.0)
-    dev = _to(kernel_device, h, w, mask_a, cos, sin, pos, kc, vc)
-    q = FD.qkv_rope_cache(*dev[:2], None, *dev[2:], hq)
-    torch.testing.assert_close(q.cpu()[:, :3], q_ref[:, :3], rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(dev[6].cpu(), kr, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(dev[7].cpu(), vr, rtol=1e-4, atol=1e-4)
+    for bias, qk in ((None, None), (torch.randn(w.shape[0]), (torch.rand(d) + 0.5, torch.rand(d) + 0.5))):
+        qn, kn = qk if qk is not None else (None, None)  # the second pass: Qwen2 bias + Qwen3 q/k norm
+        kc, vc = torch.randn(b, 6, hk, d), torch.randn(b, 6, hk, d)
+        kr, vr = kc.clone(), vc.clone()
+        q_ref = FD.qkv_rope_cache_ref(h, w, bias, cos, sin, pos, kr, vr, hq, qn, kn, 1e-6)
+        dh, dw, db, dm_a, dcos, dsin, dpos, dkc, dvc, dqn, dkn = _to(
+            kernel_device, h, w, bias, mask_a, cos, sin, pos, kc, vc, qn, kn
+        )
+        q = FD.qkv_rope_cache(dh, dw, db, dm_a, dcos, dsin, dpos, dkc, dvc, hq, dqn, dkn, 1e-6)
+        torch.testing.assert_close(q.cpu()[:, :3], q_ref[:, :3], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(dkc.cpu(), kr, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(dvc.cpu(), vr, rtol=1e-4, atol=1e-4)
 
     o = torch.randn(b, hq * d) * mask_a.repeat_interleave(hq // hk * d, dim=1)
     wo = torch.randn(dm, hq * d) / (hq * d) ** 0.5
