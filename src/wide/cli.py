@@ -153,6 +153,7 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
             seq_len=a.seq_len,
             seed=a.seed,
             allocation=a.allocation,
+            compensate=a.bias_compensation,
         )
     else:
         summary = calibrate(wm, ds, tc, a.out, resume=a.resume, overwrite=a.overwrite, device=device)
@@ -521,6 +522,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="standardized",
         help="static-width: rank groups over all layers after standardising scores within each layer (FLAP), "
         "rank raw scores over all layers, or remove the same count in every layer",
+    )
+    c.add_argument(
+        "--bias-compensation",
+        action="store_true",
+        help="static-width: add the removed groups' mean output as a bias after O / down (FLAP's compensation)",
     )
     c.add_argument("--alpha", type=float, default=20.0, help="weight of the sparsity loss (paper eq. 6)")
     c.add_argument("--tau-start", type=float, default=5.0, help="Gumbel-Softmax temperature at step 0")

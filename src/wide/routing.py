@@ -39,6 +39,12 @@ class Router(nn.Module):
             self.up.bias.view(n_groups, 2)[:, SKIP] = math.log(p / (1 - p))
         self.register_buffer("skip_bias", torch.zeros((), dtype=torch.float32))
 
+    def set_out_bias(self, bias: torch.Tensor) -> None:
+        """A constant [D_out] fp32 vector added to the output of the projection this router gates (the
+        expected contribution of the groups it removes for good: static width's bias compensation,
+        docs/baselines.md). A persistent buffer: router checkpoints carry it as ``<router>.out_bias``."""
+        self.register_buffer("out_bias", bias.detach().float().clone())
+
     def head(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The margin head (differentiable): W_margin [N_G, r] and b_margin [N_G], fp32, with
         margin = W_margin · r + b_margin for the projection r = W_down · x."""

@@ -13,7 +13,9 @@ from tests.conftest import tiny_model
 from wide.baselines import build, calibrate_training_free, load
 from wide.baselines.static_width import (
     StaticWidthMeter,
+    compensation,
     group_scores,
+    input_stats,
     select_removed,
     set_constant_routes,
     static_weights,
@@ -128,6 +130,7 @@ def test_static_width_equals_explicit_weight_slicing(tmp_path):
     summary = calibrate_training_free(wm, _data(), tmp_path, batches=2, batch_size=4, seq_len=16, allocation="uniform")
     fit = summary["fit"]
     assert fit["removed_groups"] == {"attn": 2, "ffn": 8}  # uniform: 1 of 2 and 4 of 8 per layer
+    assert fit["bias_compensation"] is False  # the default
     ref = _slice(original, wm)
     ids = torch.randint(0, 101, (2, 12))
     with torch.no_grad():
@@ -139,6 +142,53 @@ def test_static_width_equals_explicit_weight_slicing(tmp_path):
     assert isinstance(wm2.meter, StaticWidthMeter) and wm2.config.method == "static-width"
     with torch.no_grad():
         torch.testing.assert_close(wm2(ids).logits, want, rtol=1e-5, atol=1e-5)
+
+
+def test_compensation_is_the_removed_channels_mean_output():
+    model = tiny_model("llama")
+    wm = build(model, _cfg())
+    batch = _data(n=4).batch([0, 1, 2, 3])
+    stats = input_stats(wm, [batch], torch.device("cpu"))
+    removed = {"attn": torch.tensor([[True, False], [False, False]]), "ffn": torch.zeros(2, 8, dtype=torch.bool)}
+    removed["ffn"][1, [0, 5]] = True
+    b = compensation(wm, stats, removed)
+    w_o, w_d = model.model.layers[0].self_attn.o_proj.weight.double(), model.model.layers[1].mlp.down_proj.weight
+    torch.testing.assert_close(b["attn"][0], w_o[:, :32] @ stats["attn"][1][0, :32])  # group 0: heads 0-1
+    assert torch.equal(b["attn"][1], torch.zeros(64, dtype=torch.float64))  # nothing removed there
+    cols = torch.cat([torch.arange(0, 16), torch.arange(80, 96)])
+    torch.testing.assert_close(b["ffn"][1], w_d.double()[:, cols] @ stats["ffn"][1][1, cols])
+
+
+def test_bias_compensation_equals_slicing_plus_a_bias_and_is_served(tmp_path, monkeypatch):
+    """With FLAP's compensation the pruned model is the sliced model whose O / down projections carry the
+    bias; the checkpoint keeps it, and the kernel runtime serves it (CPU torch path: the masked logits)."""
+    from wide.runtime import WideRuntime
+
+    model = tiny_model("llama")
+    original = copy.deepcopy(model)
+    wm = build(model, _cfg(sparsity=0.5))
+    summary = calibrate_training_free(
+        wm, _data(), tmp_path, batches=2, batch_size=4, seq_len=16, allocation="uniform", compensate=True
+    )
+    assert summary["fit"]["bias_compensation"] is True
+    ref = _slice(original, wm)
+    for i, lyr in enumerate(ref.model.layers):
+        for proj, router in ((lyr.self_attn.o_proj, wm.routers[i].attn), (lyr.mlp.down_proj, wm.routers[i].ffn)):
+            assert router.out_bias.abs().max() > 0
+            proj.bias = nn.Parameter(router.out_bias.clone())
+    ids = torch.randint(0, 101, (2, 12))
+    with torch.no_grad():
+        want = ref(ids).logits
+        torch.testing.assert_close(wm(ids).logits, want, rtol=1e-5, atol=1e-5)
+        with wm.routing("dense"):  # routing off: no bias either
+            torch.testing.assert_close(wm(ids).logits, original(ids).logits)
+    wm.detach()
+    wm2 = load(tiny_model("llama"), tmp_path)
+    with torch.no_grad():
+        got = wm2(ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    torch.testing.assert_close(WideRuntime(wm2, max_batch=2, max_seq=16).score(ids), got, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("target", [0.25, 0.5])

@@ -123,26 +123,34 @@ def test_o_proj_residual_norm(kernel_device, hq, hk, d, b, mode, bias):
 
 
 @pytest.mark.parametrize(
-    ("df", "g", "b", "mode"),
-    [(48, 16, 1, "all"), (80, 16, 3, "random"), (96, 48, 16, "random"), (64, 32, 2, "none"), (48, 16, 5, None)],
+    ("df", "g", "b", "mode", "bias"),
+    [
+        (48, 16, 1, "all", False),
+        (80, 16, 3, "random", True),  # static width's compensation bias after down
+        (96, 48, 16, "random", False),
+        (64, 32, 2, "none", True),
+        (48, 16, 5, None, False),
+    ],
 )
-def test_ffn_residual_norm(kernel_device, df, g, b, mode):
+def test_ffn_residual_norm(kernel_device, df, g, b, mode, bias):
     torch.manual_seed(df + b)
     dm = 40
     h, x = torch.randn(b, dm), torch.randn(b, dm)
     wg, wu, wd = torch.randn(df, dm) / dm**0.5, torch.randn(df, dm) / dm**0.5, torch.randn(dm, df) / df**0.5
     nw = torch.rand(dm) + 0.5
+    bd = torch.randn(dm) if bias else None
     mask = None if mode is None else _mask(mode, b, df // g, seed=b)
-    xr, hr = FD.ffn_residual_norm_ref(h, wg, wu, wd, mask, x, nw, 1e-5)
+    xr, hr = FD.ffn_residual_norm_ref(h, wg, wu, wd, mask, x, nw, 1e-5, bd)
     if mask is not None:  # channels of groups no token runs must not be read: poison them
         off = ~mask.any(0).repeat_interleave(g)
         wg, wu, wd = wg.clone(), wu.clone(), wd.clone()
         wg[off], wu[off], wd[:, off] = float("nan"), float("nan"), float("nan")
     args = _to(kernel_device, h, wg, wu, wd, mask, x, nw)
-    xo, hn = FD.ffn_residual_norm(*args, 1e-5, g)
+    (dbd,) = _to(kernel_device, bd)
+    xo, hn = FD.ffn_residual_norm(*args, 1e-5, g, dbd)
     torch.testing.assert_close(xo.cpu(), xr, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(hn.cpu(), hr, rtol=1e-5, atol=1e-5)
-    xo2, hn2 = FD.ffn_residual_norm(*args, 1e-5, g)  # deterministic, and the counters were left at 0
+    xo2, hn2 = FD.ffn_residual_norm(*args, 1e-5, g, dbd)  # deterministic, and the counters were left at 0
     assert torch.equal(xo, xo2) and torch.equal(hn, hn2)
 
 

@@ -57,6 +57,28 @@ def test_fused_decode_logits_match_unfused(routed):
     assert a.cache.lens.tolist() == b.cache.lens.tolist() == [6, 6]
 
 
+def test_fused_decode_serves_the_routers_out_bias():
+    """Static width's bias compensation (a router's out_bias after O and down) reaches both decode paths."""
+    _, wm = _routed("llama", seed=3)
+    g = torch.Generator().manual_seed(0)
+    for i in range(len(wm.routers)):
+        wm.set_out_bias(i, "attn", torch.randn(128, generator=g))
+        wm.set_out_bias(i, "ffn", torch.randn(128, generator=g))
+    ids = torch.randint(0, 101, (2, 5))
+    a = WideRuntime(wm, max_batch=2, max_seq=12, fused_decode=True)
+    b = WideRuntime(wm, max_batch=2, max_seq=12)
+    with torch.no_grad():
+        torch.testing.assert_close(b.prefill(ids), wm(ids).logits[:, -1], rtol=1e-4, atol=1e-4)
+    a.prefill(ids)
+    nxt = torch.randint(0, 101, (2, 1))
+    la, lb = a.decode(nxt), b.decode(nxt)
+    with torch.no_grad():
+        ref = wm(torch.cat([ids, nxt], 1)).logits[:, -1]  # the masked path, biases by its hooks
+    torch.testing.assert_close(la, lb, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(la, ref, rtol=1e-4, atol=1e-4)
+    wm.detach()
+
+
 def test_fused_decode_rejects_large_batches():
     _, wm = _routed("llama")
     with pytest.raises(ValueError, match="fused_decode serves batches of at most 16"):

@@ -50,7 +50,7 @@ def load(model: nn.Module, ckpt_dir: str | Path, *, strict_base: bool = True):
     model, tensor names and shapes) and the method's own hooks and meter."""
     from safetensors.torch import load_file
 
-    from wide.model.checkpoint import CheckpointMismatchError, load_routers, read_checkpoint_meta
+    from wide.model.checkpoint import CheckpointMismatchError, attach_out_biases, load_routers, read_checkpoint_meta
 
     meta = read_checkpoint_meta(ckpt_dir)
     config = WideConfig.from_dict(meta["config"])
@@ -76,6 +76,7 @@ def load(model: nn.Module, ckpt_dir: str | Path, *, strict_base: bool = True):
         state, summary = load_file(str(Path(ckpt_dir) / WEIGHTS_NAME)), meta.get("training", {})
         fitted = None
     wm = build(model, config, base_model_id=meta.get("base_model"))
+    attach_out_biases(wm, state, ckpt_dir)  # static width's bias compensation, if any
     try:
         wm.routers.load_state_dict(state, strict=True)
     except RuntimeError as e:
@@ -117,7 +118,14 @@ def calibrate_training_free(
     if method == "static-width":
         from wide.baselines.static_width import calibrate_static_width
 
-        fit = calibrate_static_width(wm, data, device, seq_len, allocation=kw.get("allocation", "standardized"))
+        fit = calibrate_static_width(
+            wm,
+            data,
+            device,
+            seq_len,
+            allocation=kw.get("allocation", "standardized"),
+            compensate=kw.get("compensate", False),
+        )
     else:
         fit = wm.calibrate(data, device, seq_len, seed=seed)
     wm.mode = "argmax"

@@ -14,6 +14,11 @@ s is the target for sparsity_kind "groups" (attention / FFN targets when separat
 the fraction that removes S of the dense forward's FLOPs (a removed attention group takes its K/V
 projections with it; no router runs).
 
+Bias compensation (FLAP; off by default: on SmolLM2 it measured worse, docs/negative-results.md): the
+removed groups' mean contribution on the calibration tokens,
+b = Σ_{c removed} W[:, c] · mean_tokens x_c, is added after the projection (``Router.set_out_bias``: the
+masked path's hooks and the kernel runtime add it after O / down), so the residual stream keeps its mean.
+
 The masks are stored as constant routers in the routers' checkpoint format (zero weights, the per-group
 skip / execute logits in the bias), so loading, evaluation, LoRA recovery and the runtime read them as
 any router checkpoint; argmax and Gumbel routing give the same mask.
@@ -82,21 +87,21 @@ def set_constant_routes(router: Router, skip: torch.Tensor) -> None:
 
 
 @torch.no_grad()
-def group_scores(wm: WideModel, batches: list[dict], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scores (module docstring) of every attention group [L, N_attn] and FFN group [L, N_ffn] (fp64)."""
+def input_stats(wm: WideModel, batches: list[dict], device: torch.device) -> dict[str, tuple[torch.Tensor, ...]]:
+    """Per kind ('attn': the input of o_proj, 'ffn': of down_proj), over the real tokens of batches run
+    dense: (mean |x_c|, mean x_c), each [L, C] fp64 (fp32 per batch, fp64 totals)."""
     layers = decoder_layers(wm.model)
-    L, dims, shape = len(layers), wm.dims, wm.shape
-    sums = {
-        "attn": torch.zeros(L, dims.n_q_heads * dims.head_dim, dtype=torch.float64, device=device),
-        "ffn": torch.zeros(L, dims.intermediate, dtype=torch.float64, device=device),
-    }
+    L, dims = len(layers), wm.dims
+    width = {"attn": dims.n_q_heads * dims.head_dim, "ffn": dims.intermediate}
+    sums = {k: torch.zeros(2, L, c, dtype=torch.float64, device=device) for k, c in width.items()}  # |x|, x
     state: dict = {"mask": None, "tokens": 0.0}
 
     def hook(kind: str, i: int):
         def pre(module: nn.Module, args: tuple) -> None:
-            x = args[0].detach()  # [B, T, C]
+            x = args[0].detach().float()  # [B, T, C]
             m = state["mask"].to(x.device, torch.float32)  # [B, T]
-            sums[kind][i] += torch.einsum("btc,bt->c", x.abs().float(), m).double()  # fp32 per batch, fp64 total
+            sums[kind][0, i] += torch.einsum("btc,bt->c", x.abs(), m).double()
+            sums[kind][1, i] += torch.einsum("btc,bt->c", x, m).double()
 
         return pre
 
@@ -115,15 +120,49 @@ def group_scores(wm: WideModel, batches: list[dict], device: torch.device) -> tu
         for h in handles:
             h.remove()
     n = max(state["tokens"], 1.0)
+    return {k: (v[0] / n, v[1] / n) for k, v in sums.items()}
+
+
+def _projections(wm: WideModel) -> dict[str, list[torch.Tensor]]:
+    """The weights [D, C] of the projections that write each kind's groups into the residual stream."""
+    layers = decoder_layers(wm.model)
+    return {
+        "attn": [lyr.self_attn.o_proj.weight.detach() for lyr in layers],
+        "ffn": [lyr.mlp.down_proj.weight.detach() for lyr in layers],
+    }
+
+
+def _widths(wm: WideModel) -> dict[str, int]:
+    return {"attn": wm.shape.attn_heads_per_group * wm.dims.head_dim, "ffn": wm.shape.ffn_group_size}
+
+
+def scores_from_stats(wm: WideModel, stats: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scores (module docstring) of every attention group [L, N_attn] and FFN group [L, N_ffn] (fp64)."""
     out = []
-    for kind, proj, width in (
-        ("attn", lambda lyr: lyr.self_attn.o_proj, shape.attn_heads_per_group * dims.head_dim),
-        ("ffn", lambda lyr: lyr.mlp.down_proj, shape.ffn_group_size),
-    ):
-        col_norm = torch.stack([proj(lyr).weight.detach().double().norm(dim=0) for lyr in layers]).to(device)  # [L, C]
-        per_channel = sums[kind] / n * col_norm  # [L, C]
-        out.append(per_channel.view(L, -1, width).sum(-1))  # [L, N_G]
+    for kind, ws in _projections(wm).items():
+        abs_mean = stats[kind][0]
+        col_norm = torch.stack([w.double().norm(dim=0) for w in ws]).to(abs_mean.device)  # [L, C]
+        per_channel = abs_mean * col_norm  # [L, C]
+        out.append(per_channel.view(per_channel.shape[0], -1, _widths(wm)[kind]).sum(-1))  # [L, N_G]
     return out[0], out[1]
+
+
+@torch.no_grad()
+def group_scores(wm: WideModel, batches: list[dict], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scores (module docstring) of every attention group [L, N_attn] and FFN group [L, N_ffn] (fp64)."""
+    return scores_from_stats(wm, input_stats(wm, batches, device))
+
+
+def compensation(wm: WideModel, stats: dict, removed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """FLAP's bias compensation: per kind [L, D] fp64, b = W[:, c] · mean x_c summed over the channels c
+    of the removed groups (removed[kind]: [L, N_G] bool), the mean contribution those groups made to the
+    residual stream on the calibration tokens."""
+    out = {}
+    for kind, ws in _projections(wm).items():
+        mean = stats[kind][1]  # [L, C]
+        cols = removed[kind].to(mean.device).repeat_interleave(_widths(wm)[kind], dim=1)  # [L, C]
+        out[kind] = torch.stack([w.double().to(mean.device) @ (mean[i] * cols[i]) for i, w in enumerate(ws)])
+    return out
 
 
 def select_removed(scores: torch.Tensor, fraction: float, allocation: str = "standardized") -> torch.Tensor:
@@ -175,11 +214,18 @@ def target_fractions(config: WideConfig, weights: FlopWeights, n_layers: int) ->
 
 @torch.no_grad()
 def calibrate_static_width(
-    wm: WideModel, batches: list[dict], device: torch.device, seq_len: int, allocation: str = "standardized"
+    wm: WideModel,
+    batches: list[dict],
+    device: torch.device,
+    seq_len: int,
+    allocation: str = "standardized",
+    compensate: bool = False,
 ) -> dict:
-    """Score the groups on batches, remove the target fraction, write the masks into wm's routers.
+    """Score the groups on batches, remove the target fraction, write the masks into wm's routers and,
+    with ``compensate``, the removed groups' mean contribution as the projections' output bias (FLAP).
     Returns a summary (fractions, removed counts, the analytic FLOP saving at seq_len)."""
-    attn_scores, ffn_scores = group_scores(wm, batches, device)
+    stats = input_stats(wm, batches, device)
+    attn_scores, ffn_scores = scores_from_stats(wm, stats)
     w = static_weights(wm, seq_len)
     fa, ff = target_fractions(wm.config, w, wm.dims.n_layers)
     attn_rm = select_removed(attn_scores, fa, allocation)
@@ -187,10 +233,15 @@ def calibrate_static_width(
     for i, r in enumerate(wm.routers):
         set_constant_routes(r.attn, attn_rm[i])
         set_constant_routes(r.ffn, ffn_rm[i])
+    if compensate:
+        for kind, b in compensation(wm, stats, {"attn": attn_rm, "ffn": ffn_rm}).items():
+            for i in range(len(wm.routers)):
+                wm.set_out_bias(i, kind, b[i])
     a_rate, f_rate = attn_rm.double().mean(1), ffn_rm.double().mean(1)  # [L]
     saving = float(w.removed(a_rate, f_rate)) + float(a_rate.sum()) * w.kv
     return {
         "allocation": allocation,
+        "bias_compensation": compensate,
         "fractions": {"attn": fa, "ffn": ff},
         "removed_groups": {"attn": int(attn_rm.sum()), "ffn": int(ffn_rm.sum())},
         "attn_sparsity": float(attn_rm.double().mean()),

@@ -191,13 +191,17 @@ def ffn_residual_norm_ref(
     x: torch.Tensor,
     norm_w: torch.Tensor,
     eps: float,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """h, x [B, D]; mask [B, G] bool or None (dense) -> (x + down(silu(gate h) * up h) with the channels
-    of skipped groups zero, rms_norm of it)."""
+    """h, x [B, D]; mask [B, G] bool or None (dense) -> (x + down(silu(gate h) * up h) (+ bias [D], added
+    after the projection's rounding) with the channels of skipped groups zero, rms_norm of it)."""
     a = F.silu(F.linear(h, w_gate)) * F.linear(h, w_up)  # [B, D']
     if mask is not None:
         a = a * mask.repeat_interleave(w_gate.shape[0] // mask.shape[1], dim=-1).to(a.dtype)
-    xn = x + F.linear(a, w_down)
+    y = F.linear(a, w_down)
+    if bias is not None:
+        y = y + bias
+    xn = x + y
     return xn, rms_norm_ref(xn, norm_w, eps)
 
 
@@ -533,7 +537,8 @@ if HAS_TRITON:
             dt = xo_ptr.dtype.element_ty
             y = acc.to(dt)
             if HAS_BIAS:
-                y = (y.to(tl.float32) + tl.load(bias_ptr + offs_n, mask=in_n, other=0.0).to(tl.float32)[None, :]).to(dt)
+                bv = tl.load(bias_ptr + offs_n, mask=in_n, other=0.0).to(tl.float32)
+                y = (y.to(tl.float32) + bv[None, :]).to(dt)
             io = offs_m[:, None] * D + offs_n[None, :]
             msk = in_m[:, None] & in_n[None, :]
             xr = tl.load(x_ptr + io, mask=msk, other=0.0).to(tl.float32)
@@ -556,6 +561,7 @@ if HAS_TRITON:
         wg_ptr,  # [DF, D]
         wu_ptr,  # [DF, D]
         wd_ptr,  # [D, DF]
+        bias_ptr,  # [D] added after the down projection, or dummy
         mask_ptr,  # [B, NG] uint8 or dummy
         a_ptr,  # [B, DF] scratch (dtype): the SwiGLU output
         x_ptr,  # [B, D] residual in
@@ -569,9 +575,9 @@ if HAS_TRITON:
         KS: tl.constexpr,  # down-projection K splits (split s: groups [s NG / KS, (s + 1) NG / KS))
         CPG: tl.constexpr,  # channel chunks per group (producers: NG * CPG)
         CH: tl.constexpr,  # channels per chunk (G = CPG * CH)
-        ROUTED: tl.constexpr, BM: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_KD: tl.constexpr, T_P: tl.constexpr, RB: tl.constexpr, NB: tl.constexpr, PREC: tl.constexpr,
-        PDL: tl.constexpr,
+        ROUTED: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BLOCK_K: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_KD: tl.constexpr, T_P: tl.constexpr, RB: tl.constexpr, NB: tl.constexpr,
+        PREC: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         pdl_begin(PDL)
         n_prod = NG * CPG
@@ -629,7 +635,12 @@ if HAS_TRITON:
                 io = offs_m[:, None] * D + offs_n[None, :]
                 msk = in_m[:, None] & in_n[None, :]
                 xr = tl.load(x_ptr + io, mask=msk, other=0.0).to(tl.float32)
-                xn = (xr + acc.to(dt).to(tl.float32)).to(dt)
+                y = acc.to(dt)
+                if HAS_BIAS:  # after the projection's rounding, as F.linear(a, W) + bias
+                    y = (
+                        y.to(tl.float32) + tl.load(bias_ptr + offs_n, mask=in_n, other=0.0).to(tl.float32)[None, :]
+                    ).to(dt)
+                xn = (xr + y.to(tl.float32)).to(dt)
                 tl.store(xo_ptr + io, xn, mask=msk)
                 xf = tl.where(msk, xn.to(tl.float32), 0.0)
                 tl.store(ss_ptr + tile * BM + offs_m, tl.sum(xf * xf, 1))
@@ -872,9 +883,10 @@ def _ffn_op(
     norm_w: torch.Tensor,
     eps: float,
     group: int,
+    bias: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if not use_triton(h):
-        return ffn_residual_norm_ref(h, w_gate, w_up, w_down, mask, x, norm_w, eps)
+        return ffn_residual_norm_ref(h, w_gate, w_up, w_down, mask, x, norm_w, eps, bias)
     b, d = h.shape
     df = w_gate.shape[0]
     ng = df // group
@@ -889,18 +901,17 @@ def _ffn_op(
     ss = torch.empty(tiles * BLOCK_M, dtype=torch.float32, device=h.device)
     part = torch.empty(ks * tiles * BLOCK_M * bn if ks > 1 else 1, dtype=torch.float32, device=h.device)
     _ffn_kernel[(ng * cpg + tiles * ks,)](
-        h, w_gate, w_up, w_down, _u8(mask, h), a, x, xo, norm_w, hn, ss, part, tile_counters(h, 2 + ks + tiles),
-        b, d, df, ng, group, eps,
-        KS=ks, CPG=cpg, CH=ch, ROUTED=mask is not None, BM=BLOCK_M, BLOCK_K=min(bk, next_pow2(d)), BLOCK_N=bn,
-        BLOCK_KD=largest_pow2_divisor(group, bk), T_P=next_pow2(tiles), **_norm_blocks(b, d, h), PREC=_prec(h),
-        num_warps=nw,
-        **_stages(h), **pdl_launch(h),
+        h, w_gate, w_up, w_down, bias if bias is not None else h.new_empty(1), _u8(mask, h), a, x, xo, norm_w, hn,
+        ss, part, tile_counters(h, 2 + ks + tiles), b, d, df, ng, group, eps,
+        KS=ks, CPG=cpg, CH=ch, ROUTED=mask is not None, HAS_BIAS=bias is not None, BM=BLOCK_M,
+        BLOCK_K=min(bk, next_pow2(d)), BLOCK_N=bn, BLOCK_KD=largest_pow2_divisor(group, bk), T_P=next_pow2(tiles),
+        **_norm_blocks(b, d, h), PREC=_prec(h), num_warps=nw, **_stages(h), **pdl_launch(h),
     )  # fmt: skip
     return xo, hn
 
 
 @_ffn_op.register_fake
-def _(h, w_gate, w_up, w_down, mask, x, norm_w, eps, group):
+def _(h, w_gate, w_up, w_down, mask, x, norm_w, eps, group, bias):
     return torch.empty_like(x), torch.empty_like(x)
 
 
@@ -1010,9 +1021,10 @@ def ffn_residual_norm(
     norm_w: torch.Tensor,
     eps: float,
     group: int,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One launch: x + down(silu(gate h) * up h) (channels of groups ``mask`` [B, D'/group] skips are
-    zero, groups no token runs are not read) and its RMSNorm times ``norm_w``."""
+    """One launch: x + down(silu(gate h) * up h) (+ ``bias`` [D]) (channels of groups ``mask`` [B, D'/group]
+    skips are zero, groups no token runs are not read) and its RMSNorm times ``norm_w``."""
     _check_batch(h, "h")
     _check_batch(x, "x")
     check_dtype(h, w_gate, w_up, w_down, x, norm_w)
@@ -1023,4 +1035,8 @@ def ffn_residual_norm(
     for name, t in (("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down)):
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
-    return _ffn_op(h, w_gate, w_up, w_down, mask, x, norm_w, float(eps), int(group))
+    if bias is not None:
+        check_dtype(h, bias)
+        if bias.shape != (x.shape[1],):
+            raise ValueError(f"bias must be [D] = [{x.shape[1]}], got {tuple(bias.shape)}")
+    return _ffn_op(h, w_gate, w_up, w_down, mask, x, norm_w, float(eps), int(group), bias)

@@ -162,6 +162,20 @@ def read_checkpoint_meta(ckpt_dir: str | Path) -> dict:
     return meta
 
 
+def attach_out_biases(wm, state: dict[str, torch.Tensor], ckpt_dir: str | Path) -> None:
+    """Register the routers' output biases a checkpoint carries ("<layer>.<kind>.out_bias": static width's
+    bias compensation) on wm before its state is loaded; other keys are left to the strict load."""
+    for key in [k for k in state if k.endswith(".out_bias")]:
+        layer, kind, _ = key.split(".")
+        if not (layer.isdigit() and int(layer) < len(wm.routers) and kind in ("attn", "ffn")):
+            continue  # reported by the strict load
+        if tuple(state[key].shape) != (wm.dims.hidden,):
+            wm.detach()
+            shape = tuple(state[key].shape)
+            raise CheckpointMismatchError(f"{key} of {ckpt_dir} has shape {shape}, not ({wm.dims.hidden},)")
+        wm.set_out_bias(int(layer), kind, state[key])
+
+
 def load_routers(model: nn.Module, ckpt_dir: str | Path, *, strict_base: bool = True):
     """Attach the routers saved in ckpt_dir to model (in place) and return the WideModel.
 
@@ -191,6 +205,7 @@ def load_routers(model: nn.Module, ckpt_dir: str | Path, *, strict_base: bool = 
     config = WideConfig.from_dict(meta["config"])
     state = load_tensors(Path(ckpt_dir) / WEIGHTS_NAME)  # before any hook is attached
     wm = WideModel(model, config, base_model_id=meta.get("base_model"))
+    attach_out_biases(wm, state, ckpt_dir)
     own = wm.routers.state_dict()
     missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
     bad = [

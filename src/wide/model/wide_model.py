@@ -120,6 +120,25 @@ class WideModel(nn.Module):
                 self._handles += [norm.register_forward_hook(router_hook), proj.register_forward_pre_hook(mask_hook)]
                 self._slotted += [norm, proj]
 
+    def set_out_bias(self, layer: int, kind: str, bias: torch.Tensor) -> None:
+        """Add the constant ``bias`` [D] to the output of layer ``layer``'s O (kind 'attn') or down ('ffn')
+        projection whenever routing is on (stored on that router: ``Router.set_out_bias``)."""
+        router = getattr(self.routers[layer], kind)
+        had = getattr(router, "out_bias", None) is not None
+        router.set_out_bias(bias.to(next(router.parameters()).device))
+        if not had:
+            lyr = decoder_layers(self.model)[layer]
+            proj = lyr.self_attn.o_proj if kind == "attn" else lyr.mlp.down_proj
+            self._handles.append(proj.register_forward_hook(self._out_bias_hook()))
+
+    def _out_bias_hook(self):
+        def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor | None:
+            if self.mode == "dense":
+                return None
+            return output + module._wide_slot.router.out_bias.to(output.dtype)  # after the projection's rounding
+
+        return hook
+
     def detach(self) -> None:
         """Remove the hooks: the base model runs dense again."""
         for h in self._handles:

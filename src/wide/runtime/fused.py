@@ -41,6 +41,7 @@ class FusedLayer(NamedTuple):
     w_down: torch.Tensor  # [D, D']
     router_attn: tuple | None  # (W_down [r, D], W_margin [Hk, r], b_margin [Hk]); None: dense
     router_ffn: tuple | None
+    b_down: torch.Tensor | None = None  # [D] after the down projection (a router's out_bias)
 
 
 def _rows_view(first: torch.Tensor, second: torch.Tensor | None, n_rows: int) -> torch.Tensor | None:
@@ -85,13 +86,14 @@ def build_fused_layers(rt) -> list[FusedLayer]:
                 w.q_norm,
                 w.k_norm,
                 w.wo.contiguous(),
-                w.bo,
+                w.bo if w.out_bias_attn is None else w.out_bias_attn,  # check_fused: never both
                 w.ln_ffn,
                 float(layer.post_attention_layernorm.variance_epsilon),
                 w_gate.contiguous(),
                 w_up.contiguous(),
                 w.w_down.contiguous(),
                 *routers,
+                w.out_bias_ffn,
             )  # fmt: skip
         )
     return layers
@@ -104,6 +106,10 @@ def check_fused(rt, max_batch: int) -> None:
         raise ValueError(f"fused_decode serves batches of at most {FD.MAX_BATCH} tokens, max_batch={max_batch}")
     if d.head_dim % 32:
         raise ValueError(f"fused_decode needs head_dim a multiple of 32, got {d.head_dim}")
+    if any(w.bo is not None and w.out_bias_attn is not None for w in rt.weights):
+        raise ValueError(
+            "fused_decode adds one bias after O: an O bias and a router's out_bias together are not served"
+        )
     df = rt.layers[0].mlp.down_proj.weight.shape[1]
     if rt.g_ffn % 16 or df % rt.g_ffn:
         raise ValueError(f"fused_decode needs an FFN group size that is a multiple of 16 dividing {df}: {rt.g_ffn}")
@@ -138,7 +144,7 @@ def fused_decode_step(rt, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         mask_f = router_decisions(h, *w.router_ffn) if w.router_ffn is not None else None
         nxt = layers[i + 1] if i + 1 < len(layers) else None
         norm_w, eps = (nxt.ln_attn, nxt.eps_attn) if nxt is not None else (final.weight, final.variance_epsilon)
-        x, h = FD.ffn_residual_norm(h, w.w_gate, w.w_up, w.w_down, mask_f, x, norm_w, float(eps), rt.g_ffn)
+        x, h = FD.ffn_residual_norm(h, w.w_gate, w.w_up, w.w_down, mask_f, x, norm_w, float(eps), rt.g_ffn, w.b_down)
         if mask_a is not None:
             masks.append((mask_a, mask_f))
     rt.fused_masks = masks  # under CUDA-graph capture: the graph's outputs, refreshed by every replay

@@ -85,6 +85,9 @@ class LayerWeights(NamedTuple):
     w_down: torch.Tensor  # [D, D']
     head_attn: tuple | None  # routed: the attention router folded for inference (Router.fold)
     head_ffn: tuple | None  # routed: the FFN router folded for inference
+    # routed: constant biases added after O / down (the routers' out_bias: static width's compensation)
+    out_bias_attn: torch.Tensor | None = None  # [D]
+    out_bias_ffn: torch.Tensor | None = None  # [D]
 
 
 # The routed attention kernels' tiles fit shared memory for fp16 / fp32 only up to this head_dim.
@@ -160,6 +163,8 @@ def _attention(
         y = F.linear(o2, w.wo)
     if w.bo is not None:
         y = y + w.bo
+    if w.out_bias_attn is not None:
+        y = y + w.out_bias_attn
     return y.view(b, t, -1), mask
 
 
@@ -174,6 +179,8 @@ def _ffn(x: torch.Tensor, w: LayerWeights, st: StepConfig) -> tuple[torch.Tensor
         route = K.plan_route(mask, plan)
         a = K.routed_swiglu(h2, w.w_gate, w.w_up, route, st.g_ffn)  # zeros if inactive
         y = K.routed_gemm_k(a, w.w_down, route, st.g_ffn, x_zeroed=True)
+        if w.out_bias_ffn is not None:
+            y = y + w.out_bias_ffn
     else:
         gate, up = F.linear(h2, w.w_gate_up).chunk(2, dim=-1)  # [M, D'] each, one GEMM
         y = F.linear(F.silu(gate) * up, w.w_down)
@@ -308,16 +315,24 @@ class WideRuntime:
             attn = (None, None, w_in[:nq], _rows(b_in, 0, nq), w_in[nq:], _rows(b_in, nq, None))
             ffn = (None, mlp.gate_proj.weight, mlp.up_proj.weight)  # routed SwiGLU reads both anyway
             heads = self.heads[i]
+            out_bias = tuple(self._out_bias(getattr(self.wm.routers[i], k), at.o_proj.weight) for k in ("attn", "ffn"))
         else:
             w_in, b_in = fuse_linears([at.q_proj, at.k_proj, at.v_proj])
             attn = (w_in, b_in, None, None, None, None)
             ffn = (fuse_linears([mlp.gate_proj, mlp.up_proj])[0], None, None)
             heads = (None, None)
+            out_bias = (None, None)
         return LayerWeights(
             layer.input_layernorm.weight, *attn, at.o_proj.weight, at.o_proj.bias,
             None if qn is None else qn.weight, None if kn is None else kn.weight,
-            layer.post_attention_layernorm.weight, *ffn, mlp.down_proj.weight, *heads,
+            layer.post_attention_layernorm.weight, *ffn, mlp.down_proj.weight, *heads, *out_bias,
         )  # fmt: skip
+
+    @staticmethod
+    def _out_bias(router, like: torch.Tensor) -> torch.Tensor | None:
+        """A router's output bias in the model's dtype and device, or None."""
+        b = getattr(router, "out_bias", None)
+        return None if b is None else b.to(like.dtype).to(like.device).contiguous()
 
     def _hints(self, kind: str, hint: float | Sequence[float] | None, n_layers: int) -> list[float]:
         """Per-layer expected sparsity of the ``kind`` ('attn' / 'ffn') routers: the given value(s); else
