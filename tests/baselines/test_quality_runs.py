@@ -95,13 +95,14 @@ def test_spec_checks_order_and_device_spec():
     specs = qr.load_specs(ROOT / "scripts" / "device" / "quality-first.json")
     qr.check_specs(specs)
     names = {s.key for s in specs}
-    assert len(specs) == 11 and sum(s.method == "dense" for s in specs) == 1
+    assert len(specs) == 13 and sum(s.method == "dense" for s in specs) == 1
     for t in (0.25, 0.5):
         trained = {s.method: s for s in specs if s.target == t and not s.match_flops and s.method != "dense"}
         assert set(trained) == {"wide", "module-skip", "layer-skip"}
         assert all(s.steps == 300 and s.name for s in trained.values())
         matched = [s for s in specs if s.match_flops == trained["wide"].key]
-        assert sorted(s.method for s in matched) == ["static-width", "teal"]
+        assert sorted(s.method for s in matched) == ["static-width", "static-width", "teal"]
+        assert sum("--bias-compensation" in s.extra_args for s in matched) == 1  # FLAP's variant beside it
     assert all(s.match_flops in names for s in specs if s.match_flops)
 
 
