@@ -42,6 +42,7 @@ def quick_check(path: str) -> bool:
 
     import torch
 
+    from wide.bench.checks import within_bf16_rule
     from wide.kernels import plan, plan_route, routed_gemm_k, routed_gemm_mn, routed_swiglu
     from wide.kernels.reference import routed_gemm_k_ref, routed_gemm_mn_ref, routed_swiglu_ref
 
@@ -66,9 +67,7 @@ def quick_check(path: str) -> bool:
             else:
                 out = routed_gemm_k(xb, wb, r, g)
                 ref, low = routed_gemm_k_ref(x, w, r, g), routed_gemm_k_ref(xb, wb, r, g)
-            err = (out.float() - ref).abs().max().item()
-            base = (low.float() - ref).abs().max().item()
-            ok = err <= 2 * base + 1e-5 * max(1.0, ref.abs().max().item())
+            ok, err, base = within_bf16_rule(out, ref, low)
             recs.append(dict(op=name, N=n, K=k, G=g, M=m, err=err, torch_bf16_err=base, ok=ok))
     with open(path, "w") as f:
         json.dump(recs, f, indent=1)

@@ -25,6 +25,7 @@ import traceback
 import torch
 import torch.nn.functional as F
 
+from wide.bench.checks import within_bf16_rule
 from wide.bench.timing import copies_for, median_ms
 from wide.bench.timing import time_calls as _time_calls
 from wide.kernels import fused_decode as FD
@@ -68,10 +69,7 @@ def time_calls(fns) -> float:
 def err_ok(out: torch.Tensor, ref32: torch.Tensor, ref_bf16: torch.Tensor) -> tuple[bool, float, float]:
     if ref_bf16.dtype == torch.float32:  # smoke (fp32): the reference rounded to bf16 sets the bar
         ref_bf16 = ref_bf16.bfloat16()
-    scale = max(1.0, ref32.abs().max().item())
-    err = (out.float() - ref32).abs().max().item()
-    base = (ref_bf16.float() - ref32).abs().max().item()
-    return err <= 2 * base + 1e-5 * scale, err, base
+    return within_bf16_rule(out, ref32, ref_bf16)
 
 
 def rand_mask(b: int, ng: int, routed: bool, gen: torch.Generator) -> torch.Tensor | None:

@@ -14,6 +14,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from wide.bench.checks import within_bf16_rule  # noqa: E402
 from wide.kernels.plan import plan  # noqa: E402
 from wide.kernels.reorder import RouteIndex, plan_route, reorder  # noqa: E402
 
@@ -46,10 +47,8 @@ def planned(
 
 def assert_close_to_ref(out, ref32, ref_lowp, rtol_factor: float = 2.0, atol: float = 1e-5):
     """Flash-attention style: |out - ref32| <= 2 |ref_lowp - ref32| + atol (max abs)."""
-    scale = max(1.0, ref32.abs().max().item())
-    err = (out.float() - ref32).abs().max().item()
-    base = (ref_lowp.float() - ref32).abs().max().item()
-    assert err <= rtol_factor * base + atol * scale, f"kernel err {err:.3e} vs torch err {base:.3e}"
+    ok, err, base = within_bf16_rule(out, ref32, ref_lowp, rtol_factor, atol)
+    assert ok, f"kernel err {err:.3e} vs torch err {base:.3e}"
 
 
 @pytest.fixture(scope="session")

@@ -234,8 +234,9 @@ def calibrate_static_width(
         set_constant_routes(r.attn, attn_rm[i])
         set_constant_routes(r.ffn, ffn_rm[i])
     if compensate:
-        for kind, b in compensation(wm, stats, {"attn": attn_rm, "ffn": ffn_rm}).items():
-            for i in range(len(wm.routers)):
+        removed = {"attn": attn_rm, "ffn": ffn_rm}
+        for kind, b in compensation(wm, stats, removed).items():
+            for i in torch.nonzero(removed[kind].any(1)).flatten().tolist():  # a layer that keeps all: no bias
                 wm.set_out_bias(i, kind, b[i])
     a_rate, f_rate = attn_rm.double().mean(1), ffn_rm.double().mean(1)  # [L]
     saving = float(w.removed(a_rate, f_rate)) + float(a_rate.sum()) * w.kv
