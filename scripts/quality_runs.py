@@ -18,7 +18,7 @@ table metric), avg_acc, the commands that produced the checkpoint, and the check
 
 Concurrent rows (--jobs N > 1, or --grace-s > 0): each row runs in its own process (this script with
 --row WORK/NAME/row.json, which the driver writes), its output in WORK/NAME/log.txt; at most N at a
-time; a match_flops row starts once the row it names has a finished record. Only the driver writes
+time; a match_flops or stage1_from row starts once the row it names has a finished record. Only the driver writes
 --out: a finished row's record, or `status: "failed"` with the last line of its log (the others go
 on), or `status: "interrupted"` for a row stopped at the budget. Records are kept in spec order.
 --budget-s S: no row starts after S seconds from the driver's start; with --grace-s G > 0 the rows
@@ -64,6 +64,9 @@ class RunSpec:
     # the name of a finished record whose measured flops_removed becomes this run's target (FLOP kind):
     # a baseline at equal FLOPs removed
     match_flops: str | None = None
+    # the name of a finished trained row whose stage-1 routers this row's LoRA recovery starts from
+    # (instead of calibrating its own copy); the record's tokens and times include that stage
+    stage1_from: str | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -74,6 +77,13 @@ class RunSpec:
             raise ValueError("teal: LoRA recovery is not implemented (no routers to train)")
         if self.match_flops and (self.method == "dense" or self.attn_target is not None):
             raise ValueError(f"{self.method}: match_flops needs a method with the shared target")
+        if self.stage1_from and (not self.lora_steps or self.method in ("dense",) + TRAINING_FREE):
+            raise ValueError(f"{self.method}: stage1_from needs a trained method with lora_steps")
+
+    @property
+    def needs(self) -> list[str]:
+        """Rows that must have a finished record before this one starts."""
+        return [n for n in (self.match_flops, self.stage1_from) if n]
 
     @property
     def key(self) -> str:
@@ -270,9 +280,17 @@ def run_one(spec: RunSpec, a: argparse.Namespace, work: Path, records: list[dict
     if spec.method == "dense":
         row, eval_s = evaluate(a, None)
         return make_record(spec, row, [], eval_s, None, **conditions)
-    stage1 = work / spec.key / "stage1"
     trained = spec.method not in TRAINING_FREE
-    stages = [run_stage(stage1, calibrate_args(spec, a, stage1), trained)]
+    if spec.stage1_from:
+        stage1 = work / spec.stage1_from / "stage1"
+        done = _finished(stage1)
+        if done is None:
+            raise SystemExit(f"{spec.key}: {stage1} is not a finished stage 1 (run {spec.stage1_from!r} first)")
+        src = finished_record(records, spec.stage1_from) or {}
+        stages = [(done, (src.get("commands") or ["(stage 1 of " + spec.stage1_from + ")"])[0], 0.0)]
+    else:
+        stage1 = work / spec.key / "stage1"
+        stages = [run_stage(stage1, calibrate_args(spec, a, stage1), trained)]
     ckpt = stage1
     if spec.lora_steps:
         ckpt = work / spec.key / "lora"
@@ -280,6 +298,7 @@ def run_one(spec: RunSpec, a: argparse.Namespace, work: Path, records: list[dict
     row, eval_s = evaluate(a, ckpt)
     rec = make_record(spec, row, stages, eval_s, ckpt, **conditions)
     rec["match_flops"] = spec.match_flops
+    rec["stage1_from"] = spec.stage1_from
     return rec
 
 
@@ -391,7 +410,7 @@ def run_concurrent(
 ) -> int:
     """Run the rows of specs not finished in out, up to a.jobs at a time (see the module docstring).
     Invariants: only this process writes out; a row's record is merged as soon as its process exits;
-    a match_flops row starts only once its matched row has a finished record (when the matched row is
+    a row with match_flops or stage1_from starts only once the row it names has a finished record (when that row is
     not waiting or running either, it fails at once); nothing starts after the budget."""
     records = read_records(out)
     waiting = [s for s in specs if finished_record(records, s.key) is None]
@@ -416,17 +435,16 @@ def run_concurrent(
             for spec in [] if over else list(waiting):
                 if len(running) >= a.jobs:
                     break
-                matched = []
-                if spec.match_flops:
-                    m = finished_record(records, spec.match_flops)
-                    if m is None:
-                        if any(s.key == spec.match_flops for s in waiting + [c.spec for c in running]):
-                            continue  # waits for its matched row
-                        waiting.remove(spec)
-                        error = f"no finished record {spec.match_flops!r} to match"
-                        settle(stub_record(spec, a, "failed", error, None), error)
-                        continue
-                    matched = [m]
+                matched = [finished_record(records, n) for n in spec.needs]
+                if None in matched:
+                    pending = {s.key for s in waiting + [c.spec for c in running]}
+                    missing = [n for n, m in zip(spec.needs, matched) if m is None]
+                    if any(n in pending for n in missing):
+                        continue  # waits for the rows it needs
+                    waiting.remove(spec)
+                    error = f"no finished record {missing[0]!r} (needed by {spec.key})"
+                    settle(stub_record(spec, a, "failed", error, None), error)
+                    continue
                 waiting.remove(spec)
                 running.append(start_row(spec, a, work, matched))
                 print(
@@ -483,8 +501,9 @@ def check_specs(specs: list[RunSpec]) -> None:
     if dup:
         raise SystemExit(f"duplicate run names {dup}: give them distinct `name`s")
     for i, s in enumerate(specs):
-        if s.match_flops in names[i:]:
-            raise SystemExit(f"{s.key}: match_flops {s.match_flops!r} must name a row listed before it")
+        for n in s.needs:
+            if n in names[i:]:
+                raise SystemExit(f"{s.key}: {n!r} (match_flops / stage1_from) must name a row listed before it")
 
 
 def grid(a: argparse.Namespace) -> list[RunSpec]:
@@ -514,6 +533,8 @@ def grid(a: argparse.Namespace) -> list[RunSpec]:
                         ffn_group_size=g,
                         attn_target=t if a.uniform and m != "teal" else None,
                         ffn_target=t if a.uniform and m != "teal" else None,
+                        # LoRA from the calibration row just listed, not from a second copy of it
+                        stage1_from=specs[-1].key if lora and m not in TRAINING_FREE else None,
                     )
                 )
     return specs
@@ -569,7 +590,7 @@ def tiny_setup(a: argparse.Namespace, work: Path) -> list[RunSpec]:
         *(RunSpec(m, **common) for m in ("wide", "module-skip", "layer-skip", "static-width", "teal")),
         # the tiny model is mostly lm_head (SmolLM2's vocabulary): a FLOP target of 1% is what routing can reach
         RunSpec("wide", sparsity_kind="flops", distill="kl+lm", **{**common, "target": 0.01}),
-        RunSpec("wide", lora_steps=2, **common),
+        RunSpec("wide", lora_steps=2, stage1_from="wide-groups0.5-s2-g16", **common),  # from the row above
         RunSpec("static-width", match_flops="wide-groups0.5-s2-g16", ffn_group_size=16),
     ]
 

@@ -2,7 +2,8 @@
 # One device call of the SmolLM2-135M quality sweep (scripts/quality_runs.py): the rows of SPEC (default
 # quality-first.json: dense; WIDE, module skipping, layer skipping trained 300 steps at 25% and 50%;
 # static width (plain and with FLAP's bias compensation) and TEAL at the FLOPs the WIDE row of their
-# target removed) run JOBS at a time on the
+# target removed; then the levers: LoRA recovery from the WIDE and module-skipping routers, distillation,
+# a FLOP target, the uniform constraint, FFN groups of 64 and 32) run JOBS at a time on the
 # one GPU, each in its own process. No row starts after BUDGET_S s from the driver's start (setup.sh
 # runs before it); rows still running get SIGTERM at BUDGET_S + GRACE_S s, so that the records and the
 # checkpoints are in $OUT before the call's 600 s limit.

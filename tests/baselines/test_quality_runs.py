@@ -87,6 +87,13 @@ def test_spec_checks_order_and_device_spec():
     with pytest.raises(SystemExit, match="listed before it"):  # it would wait for a row that waits for it
         qr.check_specs([R("teal", match_flops="w"), R("wide", name="w")])
     qr.check_specs([R("wide", name="w"), R("teal", match_flops="w"), R("static-width", match_flops="elsewhere")])
+    with pytest.raises(SystemExit, match="listed before it"):
+        qr.check_specs([R("wide", lora_steps=3, stage1_from="w"), R("wide", name="w")])
+    with pytest.raises(ValueError, match="stage1_from needs"):
+        R("wide", stage1_from="w")  # no LoRA stage to start
+    with pytest.raises(ValueError, match="stage1_from needs"):
+        R("static-width", lora_steps=3, stage1_from="w")
+    assert R("wide", lora_steps=3, stage1_from="w", match_flops=None).needs == ["w"]
     order = {"a": 0, "b": 1, "c": 2}
     recs = qr.merge_record([{"name": "c"}, {"name": "x"}, {"name": "a", "v": 1}], {"name": "a", "v": 2}, order)
     assert recs == [{"name": "a", "v": 2}, {"name": "c"}, {"name": "x"}]
@@ -95,15 +102,24 @@ def test_spec_checks_order_and_device_spec():
     specs = qr.load_specs(ROOT / "scripts" / "device" / "quality-first.json")
     qr.check_specs(specs)
     names = {s.key for s in specs}
-    assert len(specs) == 13 and sum(s.method == "dense" for s in specs) == 1
+    names_by = {s.key: s for s in specs}
+    assert len(specs) == 21 and sum(s.method == "dense" for s in specs) == 1
     for t in (0.25, 0.5):
-        trained = {s.method: s for s in specs if s.target == t and not s.match_flops and s.method != "dense"}
+        trained = {s.method: s for s in specs if s.name == f"{s.method}-{round(100 * t)}"}  # calibration only
         assert set(trained) == {"wide", "module-skip", "layer-skip"}
         assert all(s.steps == 300 and s.name for s in trained.values())
         matched = [s for s in specs if s.match_flops == trained["wide"].key]
         assert sorted(s.method for s in matched) == ["static-width", "static-width", "teal"]
         assert sum("--bias-compensation" in s.extra_args for s in matched) == 1  # FLAP's variant beside it
-    assert all(s.match_flops in names for s in specs if s.match_flops)
+    assert all(n in names for s in specs for n in s.needs)
+    lora = [s for s in specs if s.lora_steps]  # LoRA recovery from the calibrated rows' own routers
+    assert {s.stage1_from for s in lora} == {"wide-25", "wide-50", "module-skip-50"}
+    assert all(names_by[s.stage1_from].method == s.method for s in lora)
+    levers = {s.name: s for s in specs if s.name.startswith("wide-50-") and not s.lora_steps}
+    assert {s.distill for s in levers.values()} == {"none", "kl+lm"} and levers[
+        "wide-50-flops"
+    ].sparsity_kind == "flops"
+    assert sorted(s.ffn_group_size for s in levers.values()) == [32, 64, 128, 128, 128]
 
 
 def test_stopped_stage_restarts_or_resumes(tmp_path, monkeypatch):
