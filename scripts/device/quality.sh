@@ -20,9 +20,9 @@
 # checkpoint `latest` names; the routers of rows with a finished record only while all fits PACK_MIB,
 # as files back from $OUT are limited to 8 and 64 MiB).
 # Usage (repo root; carry setup.sh's inputs): bash scripts/device/quality.sh [OUT]
-# Env (defaults): SPEC (scripts/device/quality-first.json) WORK ($HOME/quality) JOBS (8) BUDGET_S (480)
+# Env (defaults): SPEC (scripts/device/quality-first.json) WORK ($HOME/quality) JOBS (3) BUDGET_S (480)
 #   GRACE_S (60) BATCH (8) SEQ (2048) SAVE_EVERY (100) EVAL_LIMIT (500; empty: full sets) EVAL_BATCH
-#   (32) COMPILE (0; 1: --compile) PACK_MIB (56) QUALITY_EXTRA (more quality_runs.py flags).
+#   (16) COMPILE (0; 1: --compile) PACK_MIB (56) QUALITY_EXTRA (more quality_runs.py flags).
 # CPU smoke test (the --tiny rows instead of SPEC):
 #   QUALITY_EXTRA=--tiny JOBS=2 BUDGET_S=120 WORK=/tmp/qw WIDE_DATA=../shared/data bash scripts/device/quality.sh /tmp/qo
 # Exit: the driver's (0 also when rows failed or were stopped: see the records), 4 model or data missing.
@@ -36,6 +36,9 @@ source scripts/device/setup.sh
 [ -d "$WIDE_DATA" ] || { [ -n "$WIDE_DATA_IN" ] && export WIDE_DATA=$WIDE_DATA_IN; } || unset WIDE_DATA
 
 WORK=${WORK:-$HOME/quality}
+# Rows share one GPU: a trained row peaks near 18 GB, an evaluation at batch 32 asks for 12 GB more at once;
+# 8 rows at a time ran out of memory and trained no faster in total than 3 (docs/results.md, quality sweep)
+export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 C=.device-carry/quality-work
 mkdir -p "$WORK" "$OUT/quality-work"
 python3 -c "import gguf; from wide.model.loading import smollm2_gguf_path as p; from wide.paths import data_dir
@@ -69,9 +72,9 @@ c=""
 [ "${COMPILE:-0}" = 1 ] && c=--compile
 # shellcheck disable=SC2086  # $c, QUALITY_EXTRA: zero or more args
 python3 scripts/quality_runs.py --spec "${SPEC:-scripts/device/quality-first.json}" --out "$OUT/quality.json" \
-  --work "$WORK" --jobs "${JOBS:-8}" --budget-s "${BUDGET_S:-480}" --grace-s "${GRACE_S:-60}" \
+  --work "$WORK" --jobs "${JOBS:-3}" --budget-s "${BUDGET_S:-480}" --grace-s "${GRACE_S:-60}" \
   --batch-size "${BATCH:-8}" --seq-len "${SEQ:-2048}" --save-every "${SAVE_EVERY:-100}" \
-  ${L:+--eval-limit "$L"} --eval-batch-size "${EVAL_BATCH:-32}" $c ${QUALITY_EXTRA:-} 2>&1 |
+  ${L:+--eval-limit "$L"} --eval-batch-size "${EVAL_BATCH:-16}" $c ${QUALITY_EXTRA:-} 2>&1 |
   tee "$OUT/quality-driver.log"
 rc=${PIPESTATUS[0]}
 [ -z "$mon" ] || kill "$mon"
