@@ -13,6 +13,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+VARIANT_FLAGS = ("--bias-compensation",)  # extra calibrate flags that make a row its own series
+
 
 def series_label(rec: dict) -> str:
     """The line a record belongs to: its method plus what sets it apart from the plain run."""
@@ -21,8 +23,11 @@ def series_label(rec: dict) -> str:
         parts.append(f"G{rec['ffn_group_size']}")
     if rec.get("attn_target") is not None:
         parts.append("uniform")
-    if rec.get("sparsity_kind", "groups") != "groups":
+    if rec.get("sparsity_kind", "groups") != "groups" and not rec.get("match_flops"):  # matched: FLOPs by design
         parts.append(f"{rec['sparsity_kind']} target")
+    # `wide calibrate` flags of the row (records before extra_args was kept name them in their command)
+    extra = rec.get("extra_args") or [f for f in VARIANT_FLAGS if f in " ".join(rec.get("commands", [])).split()]
+    parts += [f.lstrip("-") for f in extra]
     if rec.get("distill", "none") != "none":
         parts.append(rec["distill"])
     if rec.get("lora_steps"):

@@ -299,6 +299,7 @@ def run_one(spec: RunSpec, a: argparse.Namespace, work: Path, records: list[dict
     rec = make_record(spec, row, stages, eval_s, ckpt, **conditions)
     rec["match_flops"] = spec.match_flops
     rec["stage1_from"] = spec.stage1_from
+    rec["extra_args"] = list(spec.extra_args)
     return rec
 
 

@@ -17,12 +17,12 @@
 # quality-tails.txt (the last lines of each row's log), quality-gpu.csv (memory and utilisation every
 # 10 s), quality-work/work.tar.NN (15 MiB parts of one tar: per row the small files of its stage
 # directories (routers, configs, manifest, `latest`, training log) and, for an unfinished stage, the
-# checkpoint `latest` names; the routers of rows with a finished record only while all fits PACK_MIB,
-# as files back from $OUT are limited to 8 and 64 MiB).
+# checkpoint `latest` names; the routers of rows with a finished record only while all fits in PACK_PARTS parts,
+# as at most 8 files come back from $OUT: the 4 above, PACK_PARTS parts and the caller's own log).
 # Usage (repo root; carry setup.sh's inputs): bash scripts/device/quality.sh [OUT]
 # Env (defaults): SPEC (scripts/device/quality-first.json) WORK ($HOME/quality) JOBS (3) BUDGET_S (480)
 #   GRACE_S (60) BATCH (8) SEQ (2048) SAVE_EVERY (100) EVAL_LIMIT (500; empty: full sets) EVAL_BATCH
-#   (16) COMPILE (0; 1: --compile) PACK_MIB (56) QUALITY_EXTRA (more quality_runs.py flags).
+#   (16) COMPILE (0; 1: --compile) PACK_PARTS (3) QUALITY_EXTRA (more quality_runs.py flags).
 # CPU smoke test (the --tiny rows instead of SPEC):
 #   QUALITY_EXTRA=--tiny JOBS=2 BUDGET_S=120 WORK=/tmp/qw WIDE_DATA=../shared/data bash scripts/device/quality.sh /tmp/qo
 # Exit: the driver's (0 also when rows failed or were stopped: see the records), 4 model or data missing.
@@ -87,16 +87,17 @@ for f in "$WORK"/*/log.txt; do
 done >"$OUT/quality-tails.txt"
 
 # $OUT/quality-work/work.tar.NN: what lets a fresh machine go on (never the rows' logs or the model)
-python3 - "$WORK" "$OUT/quality-work" "${PACK_MIB:-56}" <<'EOF'
+python3 - "$WORK" "$OUT/quality-work" "${PACK_PARTS:-3}" <<'EOF'
 import json
 import sys
 import tarfile
 from pathlib import Path
 
-work, dest, limit = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3]) * 2**20
+work, dest, parts = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 SMALL = ("wide_config.json", "routers.safetensors", "wide_run.json", "latest", "train_log.jsonl",
          "adapter_config.json", "adapter_model.safetensors")
-PART = 15 * 2**20
+PART = 15 * 2**20  # a file back from $OUT is at most 16 MiB
+limit = parts * PART
 try:
     done = {r["name"] for r in json.loads((work / "quality.json").read_text())["records"] if r.get("status") == "done"}
 except (OSError, ValueError, KeyError):
@@ -115,10 +116,10 @@ def mib(files):
 
 
 if mib(go_on) + mib(finished) > limit / 2**20:
-    print(f"pack: the finished rows' routers ({mib(finished):.1f} MiB) stay on the machine (PACK_MIB)")
+    print(f"pack: the finished rows' routers ({mib(finished):.1f} MiB) stay on the machine (PACK_PARTS)")
     finished = []
 if mib(go_on) > limit / 2**20:
-    print(f"pack: WARNING: {mib(go_on):.1f} MiB to go on is over PACK_MIB: not every part will come back")
+    print(f"pack: WARNING: {mib(go_on):.1f} MiB to go on is over PACK_PARTS: not every part will come back")
 tar = dest / "work.tar"
 with tarfile.open(tar, "w") as t:
     for f in go_on + finished:

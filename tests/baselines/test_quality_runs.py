@@ -24,6 +24,7 @@ def _script(name: str):
 
 qr = _script("quality_runs")
 ps = _script("plot_sweep")
+qt = _script("quality_table")
 
 
 def test_run_names_and_grid():
@@ -146,10 +147,22 @@ def test_plot_series_and_file(tmp_path):
         rec("wide", 0.2, 22.0, 0.48, ffn_group_size=128),
         rec("wide", 0.2, 21.0, 0.49, ffn_group_size=128, lora_steps=100),
         rec("teal", 0.3, 40.0, None),
+        rec("static-width", 0.2, 50.0, 0.4, sparsity_kind="flops", match_flops="w"),
+        rec("static-width", 0.2, 60.0, 0.4, sparsity_kind="flops", extra_args=["--bias-compensation"]),
+        rec(
+            "static-width",
+            0.4,
+            70.0,
+            0.4,
+            sparsity_kind="flops",
+            match_flops="w",
+            commands=["wide c --bias-compensation"],
+        ),
     ]
     series, dense = ps.group_series(records)
     assert dense["wikitext_word_ppl"] == 20.0
-    assert list(series) == ["teal", "wide", "wide +LoRA"]
+    want = ["static-width", "static-width flops target bias-compensation", "static-width bias-compensation"]
+    assert list(series) == sorted(want) + ["teal", "wide", "wide +LoRA"]
     assert [r["flops_removed"] for r in series["wide"]] == [0.2, 0.4]
     out = ps.plot(records, tmp_path / "sweep.png", "test")
     assert out.is_file() and out.stat().st_size > 1000
@@ -253,3 +266,26 @@ def test_budget_and_grace_stop_rows(tmp_path, capsys):
     assert rec["name"] == "long" and rec["status"] == "interrupted" and rec["concurrent_jobs"] == 1
     err = capsys.readouterr().err
     assert "[stop] long" in err and "[budget] not started: dense" in err
+
+
+def test_quality_table_levels_and_comparisons():
+    def rec(name, method, flops, ppl, acc, **kw):
+        tasks = {t: acc for t in qt.TASKS}
+        base = {"name": name, "method": method, "flops_removed": flops, "wikitext_word_ppl": ppl, "avg_acc": acc}
+        return base | {"status": "done", "tasks": tasks, "steps": 10, "tokens": 1000, "sparsity_kind": "groups"} | kw
+
+    records = [
+        rec("dense", "dense", 0.0, 20.0, 0.5, steps=0, tokens=0),
+        rec("w25", "wide", 0.15, 30.0, 0.48, target=0.25),
+        rec("w50", "wide", 0.35, 60.0, 0.40, target=0.5),
+        rec("m50", "module-skip", 0.36, 600.0, 0.35, target=0.5),
+        rec("s50", "static-width", 0.35, 120.0, 0.38, target=0.35, sparsity_kind="flops", match_flops="w50"),
+        {"name": "t50", "method": "teal", "match_flops": "w50", "status": "interrupted"},
+    ]
+    text = qt.table(records)
+    t25, t50 = text.split("### Target 50%")
+    assert "| w25 |" in t25 and "| m50 |" not in t25 and "| s50 |" in t50  # matched rows sit at their row's level
+    assert "| w50 | wide | 10 steps, 0.0M tok | 0.350 |" in t50 and "| 3.00 |" in t50  # 60 / 20 dense
+    assert "Not finished: t50 (interrupted)" in text
+    assert "`m50` (FLOPs removed 0.360): perplexity 10.0× WIDE's, average accuracy -0.050" in text
+    assert "`s50` (FLOPs removed 0.350): perplexity 2.0× WIDE's" in text
