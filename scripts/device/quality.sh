@@ -20,6 +20,7 @@
 # checkpoint `latest` names; the routers of rows with a finished record only while all fits in PACK_PARTS parts,
 # as at most 8 files come back from $OUT: the 4 above, PACK_PARTS parts and the caller's own log).
 # Usage (repo root; carry setup.sh's inputs): bash scripts/device/quality.sh [OUT]
+#   SPEC=scripts/device/quality-sweep.json: the 10 / 30 / 70% levels of the sweep figure (same records file)
 # Env (defaults): SPEC (scripts/device/quality-first.json) WORK ($HOME/quality) JOBS (3) BUDGET_S (480)
 #   GRACE_S (60) BATCH (8) SEQ (2048) SAVE_EVERY (100) EVAL_LIMIT (500; empty: full sets) EVAL_BATCH
 #   (16) COMPILE (0; 1: --compile) PACK_PARTS (3) QUALITY_EXTRA (more quality_runs.py flags).

@@ -104,6 +104,7 @@ def test_spec_checks_order_and_device_spec():
     qr.check_specs(specs)
     names = {s.key for s in specs}
     names_by = {s.key: s for s in specs}
+    names_sweep = {s.key: s for s in qr.load_specs(ROOT / "scripts" / "device" / "quality-sweep.json")}
     assert len(specs) == 21 and sum(s.method == "dense" for s in specs) == 1
     for t in (0.25, 0.5):
         trained = {s.method: s for s in specs if s.name == f"{s.method}-{round(100 * t)}"}  # calibration only
@@ -116,6 +117,13 @@ def test_spec_checks_order_and_device_spec():
     lora = [s for s in specs if s.lora_steps]  # LoRA recovery from the calibrated rows' own routers
     assert {s.stage1_from for s in lora} == {"wide-25", "wide-50", "module-skip-50"}
     assert all(names_by[s.stage1_from].method == s.method for s in lora)
+    # Figure 6: the levels between and beyond (the 25% / 50% rows above complete it), same budget
+    sweep = qr.load_specs(ROOT / "scripts" / "device" / "quality-sweep.json")
+    qr.check_specs(specs + sweep)  # one spec list, one records file: no name twice
+    trained = [s for s in sweep if not s.match_flops]
+    assert {s.target for s in trained} == {0.1, 0.3, 0.7} and all(s.steps == 300 for s in trained)
+    assert sorted(s.method for s in sweep if s.match_flops) == ["static-width"] * 3 + ["teal"] * 3
+    assert all(names_sweep[s.match_flops].method == "wide" for s in sweep if s.match_flops)
     levers = {s.name: s for s in specs if s.name.startswith("wide-50-") and not s.lora_steps}
     assert {s.distill for s in levers.values()} == {"none", "kl+lm"} and levers[
         "wide-50-flops"
