@@ -5,6 +5,9 @@ Llama-3.1-8B shapes, random weights, routers fitted to skip RATE (default 0.5); 
 summed kernel time, the host time to issue the call and its wall time (issue + finish): a wall time
 near the host time and well above the kernel time means the call is bound by the host, not the GPU.
 Output: OUT/profile_e2e.txt. Usage: PYTHONPATH=src python3 scripts/profile_e2e.py OUT [PROMPT] [RATE]
+Env: WIDE_COMPILE=1 profiles the torch.compile'd layer step; WIDE_FUSED=1 decodes through the fused decode
+layer (`WideRuntime(fused_decode=True)`, eager: the summed kernel time is the figure to read); PROFILE_CALLS
+(default "prefill,decode") picks the calls.
 """
 
 from __future__ import annotations
@@ -73,6 +76,8 @@ def _host_and_wall_ms(fn, reps: int = 5) -> tuple[float, float]:
 
 
 COMPILE = os.environ.get("WIDE_COMPILE", "0") == "1"  # profile the torch.compile'd layer step
+FUSED = os.environ.get("WIDE_FUSED", "0") == "1"  # decode through the fused decode layer
+CALLS = tuple(os.environ.get("PROFILE_CALLS", "prefill,decode").split(","))
 
 
 def runtime_calls(shape: dict, rate: float, prompt: int, compile: bool):
@@ -86,7 +91,7 @@ def runtime_calls(shape: dict, rate: float, prompt: int, compile: bool):
     ids = torch.randint(0, vocab, (1, prompt), device=DEV)
     step = torch.randint(0, vocab, (1, 1), device=DEV)
     for routed in (False, True):
-        rt = WideRuntime(wm, max_batch=1, max_seq=prompt + 8, routed=routed, compile=compile)
+        rt = WideRuntime(wm, max_batch=1, max_seq=prompt + 8, routed=routed, compile=compile, fused_decode=FUSED)
 
         def prefill(rt=rt):
             rt.cache.reset()
@@ -96,8 +101,10 @@ def runtime_calls(shape: dict, rate: float, prompt: int, compile: bool):
             rt.cache.lens.fill_(prompt)
             rt.decode(step)
 
-        yield routed, "prefill", prefill
-        yield routed, "decode", decode
+        if "prefill" in CALLS:
+            yield routed, "prefill", prefill
+        if "decode" in CALLS:
+            yield routed, "decode", decode
         del rt, prefill, decode
         if CUDA:
             torch.cuda.empty_cache()
@@ -112,14 +119,15 @@ def main() -> None:
         table, n, kernel_ms = _profile(fn)
         host_ms, wall_ms = _host_and_wall_ms(fn)
         head = (
-            f"=== {f'WIDE {rate:.0%}' if routed else 'dense'} {name} (prompt {prompt}): {n} CUDA kernels per "
+            f"=== {f'WIDE {rate:.0%}' if routed else 'dense'}{' fused' if FUSED and name == 'decode' else ''} "
+            f"{name} (prompt {prompt}): {n} CUDA kernels per "
             f"call; per call: kernels {kernel_ms:.2f} ms, host issue {host_ms:.2f} ms, wall {wall_ms:.2f} ms"
         )
         print(head, flush=True)
         lines += [head, table, ""]
-    os.makedirs(out, exist_ok=True)
-    with open(f"{out}/profile_e2e.txt", "w") as f:
-        f.write("\n".join(lines))
+        os.makedirs(out, exist_ok=True)
+        with open(f"{out}/profile_e2e.txt", "w") as f:  # after every call: a stopped run keeps what it measured
+            f.write("\n".join(lines))
 
 
 if __name__ == "__main__":
