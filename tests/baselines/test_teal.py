@@ -1,5 +1,6 @@
 """TEAL-style thresholding: the requested fraction zeroed per site, its FLOP accounting, equality with
-an explicit zeroing, the FLOP-matched target, and the checkpoint round trip."""
+an explicit zeroing, the FLOP-matched target, the checkpoint round trip, and the calibration's quantile
+and samples equal to torch.quantile and to the calibration as first written (host-side samples)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 
 from tests.conftest import tiny_model
 from wide.baselines import build, calibrate_training_free, load
-from wide.baselines.teal import SITES, TealModel, site_flops
+from wide.baselines.teal import HOOKS, SITES, TealModel, quantile, site_flops
 from wide.config import WideConfig
 from wide.model import CheckpointMismatchError, load_routers
 from wide.train.data import TokenDataset
@@ -96,3 +97,71 @@ def test_flops_target_and_checkpoint_round_trip(tmp_path):
     wm2.detach()
     with pytest.raises(CheckpointMismatchError, match="do not match"):
         load_routers(tiny_model("llama"), tmp_path)  # a TEAL checkpoint is not a router checkpoint
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 1000, 65537])
+def test_quantile_equals_torch_quantile(n):
+    g = torch.Generator().manual_seed(n)
+    for v in (
+        torch.rand(n, generator=g),
+        torch.randn(n, generator=g).abs().bfloat16().float(),  # ties, as |x| of a bf16 model
+        torch.randint(0, 3, (n,), generator=g).float(),  # mostly ties
+    ):
+        for q in (0.0, 0.16, 0.36, 0.5, 2 / 3, 0.999, 1.0, 3 / max(1, n - 1) if n > 3 else 0.25):
+            assert torch.equal(quantile(v, q), torch.quantile(v, q)), (n, q)
+    v = torch.rand(n, generator=g)
+    v[n // 2] = float("nan")
+    assert quantile(v, 0.3).isnan() and torch.quantile(v, 0.3).isnan()
+
+
+def _reference_thresholds(wm: TealModel, batches, s: float, refine: int, max_samples: int, seed: int = 0):
+    """The calibration as first written: |x| masked to the real tokens on the host, float32, sampled with the
+    CPU generator, thresholds from torch.quantile. [L, 4] per pass."""
+    gen = torch.Generator().manual_seed(seed)
+    per_batch = max(1, max_samples // len(batches))
+    state: dict = {}
+
+    def capture(i, site):
+        def pre(module, args):
+            x, tm = args[0], state["mask"]
+            v = x.abs()[tm].flatten().float()
+            if v.numel() > per_batch:
+                v = v[torch.randint(0, v.numel(), (per_batch,), generator=gen)]
+            state["samples"].setdefault((i, site), []).append(v)
+
+        return pre
+
+    handles = [
+        layer.get_submodule(path).register_forward_pre_hook(capture(i, site), prepend=True)
+        for i, layer in enumerate(wm.model.model.layers)
+        for site, path, records in HOOKS
+        if records
+    ]
+    th = torch.zeros(len(wm.routers), len(SITES))
+    for p in range(1 + refine):
+        state["samples"] = {}
+        with torch.no_grad(), wm.routing("dense" if p == 0 else "argmax"):
+            for b in batches:
+                state["mask"] = b["attention_mask"].bool()
+                wm.hidden_states(b["input_ids"], attention_mask=b["attention_mask"])
+        for (i, site), vals in state["samples"].items():
+            th[i, SITES.index(site)] = float(torch.quantile(torch.cat(vals), s))
+        for r, t in zip(wm.routers, th):
+            r.thresholds.copy_(t)
+    for h in handles:
+        h.remove()
+    return th
+
+
+@pytest.mark.parametrize("max_samples", [1 << 22, 3000])  # every entry; a random sample of each batch
+def test_calibrate_equals_reference(max_samples):
+    ds = _data()
+    batches = [ds.batch(list(range(k, k + 4))) for k in range(0, 16, 4)]  # the first holds the padded row
+    wm = build(tiny_model("llama"), _cfg(sparsity=0.4))
+    fit = wm.calibrate(batches, torch.device("cpu"), 16, refine=1, max_samples=max_samples, seed=3)
+    got = torch.stack([r.thresholds for r in wm.routers])  # [L, 4]
+    wm.detach()
+    ref = build(tiny_model("llama"), _cfg(sparsity=0.4))
+    want = _reference_thresholds(ref, batches, 0.4, refine=1, max_samples=max_samples, seed=3)
+    assert torch.equal(got, want)
+    assert fit["thresholds"] == {site: want[:, j].tolist() for j, site in enumerate(SITES)}

@@ -17,6 +17,12 @@ dense, then `refine` more passes with the thresholds applied (later sites see th
 run in). s is the config's target for sparsity_kind "groups" (the fraction of activations zeroed) or,
 for "flops", the fraction that removes S of the dense forward's FLOPs (uniform over sites).
 Checkpoint: wide_config.json (method "teal") + routers.safetensors holding the thresholds [4] per layer.
+
+Speed: the samples stay on the model's device in its dtype (|x| of a bf16 entry is a bf16 value, so the
+float32 quantile sees the same numbers) and each threshold is written as a device tensor, so a pass has
+no host synchronisation per site. The sample indices come from a CPU generator seeded with `seed`, one
+draw per site and batch in forward order, so the samples (and thresholds) do not depend on the device.
+`quantile` equals torch.quantile (linear) and, on the CPU, avoids its full sort.
 """
 
 from __future__ import annotations
@@ -175,14 +181,26 @@ class TealModel(nn.Module):
         return pre
 
     def _collect_sample(self, layer: int, site: str, x: torch.Tensor) -> None:
+        """Append |x| at a uniform sample of at most per_batch of the real tokens' entries (x's dtype, device).
+
+        Entry i of the real tokens' entries is (real token i // C, channel i % C), real tokens in (row,
+        position) order; the draw uses the CPU generator exactly when there are more entries than per_batch."""
         c = self._collect
-        tm = c["mask"]
-        v = x.detach().abs()[tm] if tm is not None and tm.shape == x.shape[:2] else x.detach().abs().flatten(0, -2)
-        v = v.flatten().float()
-        if v.numel() > c["per_batch"]:
-            idx = torch.randint(0, v.numel(), (c["per_batch"],), generator=c["gen"], device="cpu").to(v.device)
-            v = v[idx]
-        c["samples"].setdefault((layer, site), []).append(v.cpu())
+        x = x.detach()
+        ch = x.shape[-1]
+        flat = x.reshape(-1, ch)  # [B*T, C]
+        padded = c["rows"] is not None and c["mask_shape"] == x.shape[:-1]
+        n = (c["rows"].numel() if padded else flat.shape[0]) * ch
+        if n > c["per_batch"]:
+            pin = x.device.type == "cuda"
+            idx = torch.randint(0, n, (c["per_batch"],), generator=c["gen"], pin_memory=pin)  # [per_batch] CPU
+            idx = idx.to(x.device, non_blocking=True)
+            if padded:  # entry i of the real tokens -> entry of flat: skip the padding before its token
+                idx = idx + c["gap"][idx.div(ch, rounding_mode="floor")] * ch
+            v = flat.reshape(-1).take(idx).abs()  # [per_batch]
+        else:
+            v = (flat[c["rows"]] if padded else flat).abs().flatten()  # [n]
+        c["samples"].setdefault((layer, site), []).append(v)
 
     # ------------------------------------------------------------------ running
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):
@@ -257,23 +275,56 @@ class TealModel(nn.Module):
                 "samples": {},
                 "gen": gen,
                 "apply": p > 0,
-                "mask": None,
+                "rows": None,
+                "gap": None,
+                "mask_shape": None,
                 "per_batch": max(1, max_samples // max(1, len(batches))),
             }
             try:
                 for batch in batches:
+                    am_host = batch["attention_mask"].bool()  # [B, T]
                     ids, am = batch["input_ids"].to(device), batch["attention_mask"].to(device)
-                    self._collect["mask"] = am.bool()
+                    # rows: [N] flat indices b*T + t of the real tokens, ascending (None: every token is real);
+                    # gap: [N] rows - arange(N), the padded tokens before each real one
+                    rows = am_host.flatten().nonzero().squeeze(1)
+                    full = rows.numel() == am_host.numel()
+                    self._collect["rows"] = None if full else rows.to(device)
+                    self._collect["gap"] = None if full else (rows - torch.arange(rows.numel())).to(device)
+                    self._collect["mask_shape"] = am_host.shape
                     self.hidden_states(ids, attention_mask=am)
                 samples = self._collect["samples"]
             finally:
                 self._collect = None
-            for (i, site), vals in samples.items():
-                v = torch.cat(vals)
-                t = float(torch.quantile(v, s)) if s > 0 else 0.0
+            # thresholds change only here, after the pass: all of its samples saw the previous pass's
+            while samples:  # popped: a site's samples are freed once its threshold is set
+                (i, site), vals = samples.popitem()
+                v = torch.cat(vals).float()  # [n] float32, n the entries drawn over the batches
+                t = quantile(v, s) if s > 0 else torch.zeros((), device=v.device)
                 self.routers[i].thresholds[SITES.index(site)] = t
+        th = torch.stack([r.thresholds for r in self.routers]).cpu()  # [L, 4]
         return {
             "activation_fraction": s,
             "refine": refine,
-            "thresholds": {site: [float(r.thresholds[j]) for r in self.routers] for j, site in enumerate(SITES)},
+            "thresholds": {site: th[:, j].tolist() for j, site in enumerate(SITES)},
         }
+
+
+def quantile(v: torch.Tensor, q: float) -> torch.Tensor:
+    """torch.quantile(v, q) of a 1-D float32 tensor (linear interpolation, NaN if v has one), a 0-d tensor
+    on v's device. On the CPU two order statistics are selected instead of sorting all of v; elsewhere the
+    sort is torch.quantile's own (fast on an accelerator, and no host synchronisation)."""
+    if v.device.type != "cpu":
+        return torch.quantile(v, q)
+    if v.dim() != 1 or v.numel() == 0 or v.dtype != torch.float32 or not 0.0 <= q <= 1.0:
+        raise ValueError(f"quantile: needs a non-empty 1-D float32 tensor and q in [0, 1], got {v.shape} {v.dtype} {q}")
+    if bool(v.isnan().any()):
+        return torch.full((), float("nan"))
+    n = v.numel()
+    rank = torch.tensor(q, dtype=torch.float32) * (n - 1)  # float32, as torch.quantile computes it
+    lo, hi = int(rank), int(rank.ceil())
+    weight = rank - lo  # float32 in [0, 1)
+    below = v.kthvalue(lo + 1).values  # the (lo + 1)-th smallest
+    # the (hi + 1)-th smallest: `below` again when hi == lo or when more than hi entries are <= it (ties),
+    # else the smallest entry above it
+    above = below if hi == lo or int((v <= below).sum()) > hi else v[v > below].min()
+    return torch.lerp(below, above, weight)
