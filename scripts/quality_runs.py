@@ -222,6 +222,18 @@ def evaluate(a: argparse.Namespace, ckpt: Path | None) -> tuple[dict, float]:
     return row, time.perf_counter() - t0
 
 
+def _identity(spec: RunSpec) -> dict:
+    """What names a row in every record of it, finished or not."""
+    return {
+        "name": spec.key,
+        "method": spec.method,
+        "target": None if spec.method == "dense" else spec.target,
+        "match_flops": spec.match_flops,
+        "stage1_from": spec.stage1_from,
+        "extra_args": list(spec.extra_args),
+    }
+
+
 def make_record(
     spec: RunSpec,
     row: dict,
@@ -239,10 +251,7 @@ def make_record(
     tasks = {t: v["score"] for t, v in row.get("tasks", {}).items()}
     # a stage's own wall time (summed over resumed calls), else the time of the call that ran it
     wall = sum(summary.get("wall_time_s") or call_s for summary, _, call_s in stages)
-    return {
-        "name": spec.key,
-        "method": spec.method,
-        "target": None if spec.method == "dense" else spec.target,
+    return _identity(spec) | {
         "attn_target": spec.attn_target,
         "ffn_target": spec.ffn_target,
         "sparsity_kind": spec.sparsity_kind,
@@ -261,6 +270,7 @@ def make_record(
         "wikitext_word_ppl": (row.get("wikitext") or {}).get("word_perplexity"),
         "tasks": tasks,
         "avg_acc": row.get("avg"),
+        "eval_path": row.get("path"),  # "runtime" (the served kernels) or "masked" (the reference path)
         "commands": [s[1] for s in stages],
         "checkpoint": str(ckpt) if ckpt else None,
         "device": next((s[0].get("gpu") or s[0].get("device") for s in stages if s[0]), None),
@@ -297,9 +307,6 @@ def run_one(spec: RunSpec, a: argparse.Namespace, work: Path, records: list[dict
         stages.append(run_stage(ckpt, finetune_args(spec, a, stage1, ckpt), True))
     row, eval_s = evaluate(a, ckpt)
     rec = make_record(spec, row, stages, eval_s, ckpt, **conditions)
-    rec["match_flops"] = spec.match_flops
-    rec["stage1_from"] = spec.stage1_from
-    rec["extra_args"] = list(spec.extra_args)
     return rec
 
 
@@ -382,11 +389,7 @@ def _last_line(log: Path) -> str:
 
 def stub_record(spec: RunSpec, a: argparse.Namespace, status: str, error: str, log: Path | None) -> dict:
     """The record of a row that did not finish: status "failed" or "interrupted", never scores."""
-    return {
-        "name": spec.key,
-        "method": spec.method,
-        "target": None if spec.method == "dense" else spec.target,
-        "match_flops": spec.match_flops,
+    return _identity(spec) | {
         "concurrent_jobs": a.jobs,
         "eval_limit": a.eval_limit,
         "status": status,

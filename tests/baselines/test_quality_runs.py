@@ -79,6 +79,14 @@ def test_spec_file_and_record(tmp_path):
     assert rec["tasks"] == {"piqa": 0.6, "boolq": 0.5} and rec["tokens"] == 1000 and rec["steps"] == 5
     assert rec["gpu_minutes"] == pytest.approx(2.0) and rec["eval_minutes"] == pytest.approx(0.5)
     assert rec["method"] == "wide" and rec["status"] == "done" and rec["device"] == "H200"
+    assert rec["eval_path"] is None  # the row above names no path; run_eval's rows do
+    spec = qr.RunSpec("wide", lora_steps=3, stage1_from="w", extra_args=["--x"])
+    stub = qr.stub_record(spec, qr.parse_args(["--out", "x"]), "failed", "boom", None)
+    row_with_path = {**row, "path": "runtime"}
+    full = qr.make_record(spec, row_with_path, stages, 1.0, tmp_path, jobs=1, eval_limit=None)
+    assert full["eval_path"] == "runtime"
+    for r in (stub, full):  # a row is named alike whether it finished or not
+        assert r["stage1_from"] == "w" and r["extra_args"] == ["--x"] and r["match_flops"] is None
 
 
 def test_spec_checks_order_and_device_spec():
