@@ -3,12 +3,14 @@
     python scripts/tune_fused_decode.py --out $OUT        # -> $OUT/fused-tune-h200.json and .md
 
 Llama-3.1-8B layer shapes (D 4,096, Hq 32, Hk 8, d 128, D' 14,336, FFN groups of 128), bf16, random
-weights. For each kernel (QKV + RoPE + cache write, O + residual + norm, the FFN) and each launch
-configuration (``wide.kernels.fused_decode.launch_overrides``), B 1 and 16, dense (no mask) and routed
-(each token runs a random half of the groups): the time per call (``wide.bench.timing.time_calls``: a CUDA
-graph of back-to-back calls on rotated weight copies larger than L2), the bytes of weights the call reads
-(groups no token runs are not read) and the TB/s that makes; cuBLAS's ``F.linear`` of the same matrices
-(dense) as the yardstick. Every configuration's output is checked against the fp32 reference before it
+weights. For each kernel (QKV + RoPE + cache write, decode attention over CTX cached keys, O + residual +
+norm, the FFN; the router of rank 32 over the FFN's groups) and each launch configuration
+(``wide.kernels.fused_decode.launch_overrides``; the router: ``router_decisions(config=...)``), B 1 and 16,
+dense (no mask) and routed (each token runs a random half of the groups): the time per call
+(``wide.bench.timing.time_calls``: a CUDA graph of back-to-back calls on rotated weight copies larger than
+L2), the bytes of weights the call reads (groups no token runs are not read) and the TB/s that makes;
+cuBLAS's ``F.linear`` of the same matrices (dense; attention: SDPA on the same cache, transposed; the
+router: none) as the yardstick. Every configuration's output is checked against the fp32 reference before it
 is timed (bf16 rule: error <= 2x the bf16 torch path's, + 1e-5 of the scale); a failing one is recorded
 with ``err_ok: false`` and not timed. The fastest passing configuration per (kernel, B, routed) is
 listed in the .md.
@@ -29,11 +31,13 @@ from wide.bench.checks import within_bf16_rule
 from wide.bench.timing import copies_for, median_ms
 from wide.bench.timing import time_calls as _time_calls
 from wide.kernels import fused_decode as FD
+from wide.kernels.attention_reference import attention_decode_ref
+from wide.kernels.router import default_config, router_margin_kernel, router_margin_ref
 
-D, HQ, HK, HD, DF, G = 4096, 32, 8, 128, 14336, 128
+D, HQ, HK, HD, DF, G, CTX, RANK = 4096, 32, 8, 128, 14336, 128, 4096, 32
 DEV, DTYPE = "cuda", torch.bfloat16
 # --smoke: the interpreter on a CPU, in fp32 (the interpreter's bf16 arithmetic is not the GPU's)
-SMOKE = dict(D=128, HQ=4, HK=2, HD=32, DF=256, G=32, DEV="cpu", DTYPE=torch.float32)
+SMOKE = dict(D=128, HQ=4, HK=2, HD=32, DF=256, G=32, CTX=96, RANK=8, DEV="cpu", DTYPE=torch.float32)
 
 # (name, overrides): the shape rules (empty dict) first, then the variants
 QKV = [{}, *({"qkv_slices": s, "qkv_splits": k} for s, k in ((4, 1), (4, 2), (4, 4), (2, 2), (2, 4), (1, 4)))]
@@ -56,6 +60,13 @@ FFN = [
         )  # fmt: skip
     ),
 ]
+ATTN = [{}, *({"attn_splits": s, "attn_block_n": n} for s, n in
+                ((8, 128), (16, 64), (32, 128), (32, 64), (48, 64), (64, 64), (64, 32), (128, 32)))]  # fmt: skip
+ATTN_WARPS = [{"attn_warps": w} for w in (2, 4, 8)]
+# router configs (BLOCK_D, SPLITS, num_warps, num_stages); the first: default_config(D)
+ROUTER = [{}, *({"BLOCK_D": bd, "SPLITS": sp, "num_warps": nw} for bd, sp, nw in
+                ((128, 8, 4), (64, 16, 2), (128, 16, 4), (64, 32, 2), (128, 32, 4), (256, 16, 4),
+                 (64, 64, 1)))]  # fmt: skip
 STREAM = [{"block_k": bk, "num_warps": nw, "num_stages": ns} for bk, nw, ns in
           ((128, 4, 4), (256, 4, 4), (256, 8, 3), (512, 8, 3), (128, 4, 6), (256, 4, 2))]  # fmt: skip
 
@@ -155,14 +166,70 @@ def ffn_case(b: int, routed: bool, gen: torch.Generator):
     return call, 1, check, 3 * DF * D * 2 * active, dense, 3 * DF * D * 2
 
 
-CASES = {"qkv": (qkv_case, QKV), "o": (o_case, O_PROJ), "ffn": (ffn_case, FFN)}
+def attn_case(b: int, routed: bool, gen: torch.Generator):
+    s_max = CTX + 8
+    n_copies = copies_for(2 * b * s_max * HK * HD * 2)
+    caches = [(torch.randn(b, s_max, HK, HD, device=DEV, dtype=DTYPE), torch.randn(b, s_max, HK, HD, device=DEV,
+               dtype=DTYPE)) for _ in range(n_copies)]  # fmt: skip
+    q = torch.randn(b, HQ, HD, device=DEV, dtype=DTYPE)
+    lens = torch.full((b,), CTX, device=DEV, dtype=torch.int32)
+    mask = rand_mask(b, HK, routed, gen)
+    run = torch.ones(b, HK, dtype=torch.bool, device=DEV) if mask is None else mask
+
+    def call(i: int):
+        return FD.attention_decode_merged(q, *caches[i], lens, run, len_add=1)
+
+    def check(out):
+        kc, vc = caches[0]
+        ref32 = attention_decode_ref(q.float(), kc.float(), vc.float(), lens + 1, run)
+        ref = attention_decode_ref(q, kc, vc, lens + 1, run, upcast=False)
+        return err_ok(out, ref32, ref)
+
+    nbytes = 2 * run.float().sum().item() * (CTX + 1) * HD * 2
+    qs = q[:, :, None]  # SDPA on the same cache, transposed to [B, Hk, S, d] (outside the timing)
+    kv_t = [tuple(t[:, : CTX + 1].transpose(1, 2).contiguous() for t in kv) for kv in caches]
+    dense = [[lambda i=i: F.scaled_dot_product_attention(qs, *kv_t[i], enable_gqa=True) for i in range(n_copies)]]
+    return call, n_copies, check, nbytes, dense, 2 * b * HK * (CTX + 1) * HD * 2
+
+
+_ROUTER_CONFIG: dict = {}  # the router configuration ``measure`` sets (the router is not a launch override)
+
+
+def router_case(b: int, routed: bool, gen: torch.Generator):
+    ng = DF // G
+    n_copies = copies_for(RANK * D * 2)
+    wd = [torch.randn(RANK, D, device=DEV, dtype=DTYPE) * D**-0.5 for _ in range(n_copies)]
+    wm = torch.randn(ng, RANK, device=DEV)
+    bm = torch.randn(ng, device=DEV)
+    h = torch.randn(b, D, device=DEV, dtype=DTYPE)
+
+    def call(i: int):
+        return router_margin_kernel(h, wd[i], wm, bm, config={**default_config(D), **_ROUTER_CONFIG})
+
+    def check(out):  # the fp64 reference; plain PyTorch: the projection in the model dtype
+        ref = router_margin_ref(h, wd[0], wm, bm)
+        low = (h @ wd[0].t()).float() @ wm.t() + bm
+        return err_ok(out, ref, low)
+
+    return call, n_copies, check, RANK * D * 2, [], RANK * D * 2
+
+
+CASES = {
+    "qkv": (qkv_case, QKV),
+    "attn": (attn_case, ATTN),
+    "o": (o_case, O_PROJ),
+    "ffn": (ffn_case, FFN),
+    "router": (router_case, ROUTER),
+}
+# the second pass, on the best configuration (default: STREAM)
+STREAMS = {"attn": ATTN_WARPS, "router": [{"num_stages": n} for n in (1, 2, 4)]}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--batches", default="1,16")
-    ap.add_argument("--kernels", default="qkv,o,ffn")
+    ap.add_argument("--kernels", default="qkv,attn,o,ffn,router")
     ap.add_argument("--budget-s", type=float, default=240.0)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (TRITON_INTERPRET=1)")
     args = ap.parse_args()
@@ -185,14 +252,15 @@ def main() -> None:
                 if key not in best or r["ms"] < best[key]["ms"]:
                     best[key] = r
         lines = [f"# Fused decode GEMV sweep ({meta['device']})", "", f"Command: `{meta['command']}`", "",
-                 "| kernel | B | routed | best overrides | ms | TB/s | shape rules ms | cuBLAS dense ms (TB/s) |",
+                 "| kernel | B | routed | best overrides | ms | TB/s | shape rules ms "
+                 "| cuBLAS / SDPA dense ms (TB/s) |",
                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for key, r in sorted(best.items(), key=lambda kv: str(kv[0])):
             default = next((x for x in rows if (x["kernel"], x["B"], x["routed"]) == key and not x["tune"]), {})
             lines.append(
                 f"| {key[0]} | {key[1]} | {key[2]} | {r['tune']} | {r['ms']:.4f} | {r['tb_per_s']:.2f} "
-                f"| {default.get('ms', float('nan')):.4f} | {r.get('cublas_ms', float('nan')):.4f} "
-                f"({r.get('cublas_tb_per_s', float('nan')):.2f}) |"
+                f"| {default.get('ms', float('nan')):.4f} | {r.get('cublas_ms') or float('nan'):.4f} "
+                f"({r.get('cublas_tb_per_s') or float('nan'):.2f}) |"
             )
         with open(os.path.join(args.out, "fused-tune-h200.md"), "w") as fh:
             fh.write("\n".join(lines) + "\n")
@@ -203,9 +271,12 @@ def main() -> None:
         if time.time() - t0 > args.budget_s:
             return None
         rec = {"kernel": name, "B": b, "routed": routed, "tune": cfg, "bytes": nbytes, "cublas_ms": cublas_ms,
-               "cublas_tb_per_s": dense_bytes / (cublas_ms * 1e-3) / 1e12}  # fmt: skip
+               "cublas_tb_per_s": dense_bytes / (cublas_ms * 1e-3) / 1e12 if cublas_ms else None}  # fmt: skip
+        _ROUTER_CONFIG.clear()
+        if name == "router":
+            _ROUTER_CONFIG.update(cfg)
         try:
-            with FD.launch_overrides(**cfg):
+            with FD.launch_overrides(**({} if name == "router" else cfg)):
                 ok, err, base = check(call(0))
                 rec.update(err_ok=ok, err=err, torch_err=base)
                 if ok:
@@ -222,14 +293,14 @@ def main() -> None:
     for name in args.kernels.split(","):
         make, grid = CASES[name]
         for b in (int(x) for x in args.batches.split(",")):
-            for routed in (False, True):
+            for routed in (True,) if name == "router" else (False, True):
                 case = make(b, routed, gen)
-                cublas_ms = sum(time_calls(fns) for fns in case[4])
+                cublas_ms = sum(time_calls(fns) for fns in case[4]) if case[4] else None
                 recs = [measure(name, b, routed, cfg, case, cublas_ms) for cfg in grid]
                 done = [r for r in recs if r and r.get("ms")]
                 if done:  # the weight-streaming loop's tile and pipeline depth, on the best configuration
                     top = min(done, key=lambda r: r["ms"])["tune"]
-                    for st in STREAM:
+                    for st in STREAMS.get(name, STREAM):
                         measure(name, b, routed, dict(top, **st), case, cublas_ms)
                 del case
                 torch.cuda.empty_cache()

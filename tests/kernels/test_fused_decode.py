@@ -76,7 +76,14 @@ def test_qkv_rope_cache(kernel_device, hq, hk, d, b, mode, qk_norm, bias):
 
 @pytest.mark.parametrize(
     ("hq", "hk", "b", "mode", "splits"),
-    [(6, 2, 1, "all", 1), (8, 2, 3, "random", 3), (7, 1, 2, "all", 2), (4, 2, 16, "random", 2), (4, 2, 2, "none", 2)],
+    [
+        (6, 2, 1, "all", 1),
+        (8, 2, 3, "random", 3),
+        (7, 1, 2, "all", 2),
+        (4, 2, 16, "random", 2),
+        (4, 2, 2, "none", 2),
+        (6, 2, 3, "random", 7),  # splits past the keys: empty splits merge as nothing
+    ],
 )
 def test_attention_merged(kernel_device, hq, hk, b, mode, splits):
     torch.manual_seed(hq + b)
@@ -287,11 +294,30 @@ def test_split_k_paths(kernel_device, ks):
         _check_split_k_paths(kernel_device, ks)
 
 
+def test_attention_launch_overrides(kernel_device):
+    """The attention overrides (split count, keys per step, warps) change the launch, not the result."""
+    torch.manual_seed(5)
+    b, hq, hk, d, s = 2, 6, 2, 64, 70
+    q, kc, vc = torch.randn(b, hq, d), torch.randn(b, s, hk, d), torch.randn(b, s, hk, d)
+    lens = torch.tensor([66, 13], dtype=torch.int32)
+    mask = _mask("random", b, hk, seed=3)
+    from wide.kernels.attention_reference import attention_decode_ref
+
+    ref = attention_decode_ref(q, kc, vc, lens + 1, mask)
+    q, kc, vc, lens, mask = _to(kernel_device, q, kc, vc, lens, mask)
+    with FD.launch_overrides(attn_splits=5, attn_block_n=32, attn_warps=2):
+        out = FD.attention_decode_merged(q, kc, vc, lens, mask, len_add=1)
+    torch.testing.assert_close(out.cpu(), ref, rtol=1e-4, atol=1e-4)
+
+
 def test_launch_overrides_are_checked_and_scoped():
     with pytest.raises(TypeError):
         FD.launch_overrides(ffn_split=2).__enter__()
     with pytest.raises(ValueError, match="power of two"):
         FD.launch_overrides(o_splits=3).__enter__()
+    with pytest.raises(ValueError, match="power of two"):
+        FD.launch_overrides(attn_block_n=48).__enter__()
+    FD.launch_overrides(attn_splits=3)  # any KV split count
     with FD.launch_overrides(o_splits=4) as ov:
         assert ov.o_splits == 4 and ov.ffn_splits is None
     assert FD._OVERRIDES.get() is None  # the block's end restores the shape rules

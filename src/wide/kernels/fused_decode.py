@@ -69,7 +69,8 @@ class LaunchOverrides:
     """Launch shapes that replace this module's shape rules (None: the rule), for GPU sweeps
     (``launch_overrides``). block_k / num_warps / num_stages: the weight-streaming loops; qkv_slices: row
     slices per head; *_splits: K splits (powers of two); o_block_n / ffn_block_n: output columns per tile;
-    ffn_chunk: channels per FFN producer; norm_tile: elements per step of the norm tails."""
+    ffn_chunk: channels per FFN producer; norm_tile: elements per step of the norm tails; attn_splits: KV
+    splits of decode attention (any count), attn_block_n: keys per step (a power of two >= 16), attn_warps."""
 
     block_k: int | None = None
     num_warps: int | None = None
@@ -82,13 +83,17 @@ class LaunchOverrides:
     ffn_chunk: int | None = None
     ffn_splits: int | None = None
     norm_tile: int | None = None
+    attn_splits: int | None = None
+    attn_block_n: int | None = None
+    attn_warps: int | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise ValueError(f"launch override {f.name} must be a positive int, got {v!r}")
-            if v is not None and f.name.endswith("_splits") and v & (v - 1):
+            pow2 = f.name.endswith("_splits") and f.name != "attn_splits" or f.name == "attn_block_n"
+            if v is not None and pow2 and v & (v - 1):
                 raise ValueError(f"launch override {f.name} must be a power of two, got {v}")
 
 
@@ -448,7 +453,7 @@ if HAS_TRITON:
                 tl.store(o_ptrs, tl.zeros([HPG_P, HEAD_D], o_ptr.dtype.element_ty), mask=hmask[:, None])
             return
         n_len = tl.load(lens_ptr + b).to(tl.int32) + LEN_ADD
-        chunk = tl.cdiv(tl.cdiv(n_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        chunk = tl.cdiv(tl.cdiv(n_len, NUM_SPLITS), 16) * 16  # every split has keys (not BLOCK_N-rounded)
         lo = split * chunk
         hi = tl.minimum(lo + chunk, n_len)
         q = tl.load(q_ptr + (b64 * HQ + head)[:, None] * HEAD_D + offs_d[None, :], mask=hmask[:, None], other=0.0)
@@ -479,12 +484,13 @@ if HAS_TRITON:
             out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
             lse = tl.where(l_i > 0, m_i + tl.math.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
             row = (bg * HPG_P + hh) * NUM_SPLITS + split  # op [B*HK, HPG_P, NS, D], lse [B*HK, HPG_P, NS]
-            tl.store(op_ptr + row[:, None] * HEAD_D + offs_d[None, :], out)
-            tl.store(lse_ptr + row, lse)
+            tl.store(op_ptr + row[:, None] * HEAD_D + offs_d[None, :], out, mask=hmask[:, None])
+            tl.store(lse_ptr + row, lse, mask=hmask)
             if arrive(cnt_ptr + bg, NUM_SPLITS):  # merge: weights from every split's LSE, then a fixed-order sum
                 ss = tl.arange(0, NS_P)
                 lses = tl.load(lse_ptr + (bg * HPG_P + hh)[:, None] * NUM_SPLITS + ss[None, :],
-                               mask=(ss < NUM_SPLITS)[None, :], other=float("-inf"), cache_modifier=".cg")  # fmt: skip
+                               mask=hmask[:, None] & (ss < NUM_SPLITS)[None, :], other=float("-inf"),
+                               cache_modifier=".cg")  # fmt: skip
                 mx = tl.max(lses, 1)
                 mx = tl.where(mx > float("-inf"), mx, 0.0)
                 tot = tl.sum(tl.where(lses > float("-inf"), tl.math.exp2(lses - mx[:, None]), 0.0), 1)
@@ -492,9 +498,10 @@ if HAS_TRITON:
                 merged = tl.zeros([HPG_P, HEAD_D], tl.float32)
                 for sp in range(0, NUM_SPLITS):
                     rw = (bg * HPG_P + hh) * NUM_SPLITS + sp
-                    ls = tl.load(lse_ptr + rw, cache_modifier=".cg")
+                    ls = tl.load(lse_ptr + rw, mask=hmask, other=float("-inf"), cache_modifier=".cg")
                     wgt = tl.where(ls > float("-inf"), tl.math.exp2(ls - mx), 0.0) * inv
-                    part = tl.load(op_ptr + rw[:, None] * HEAD_D + offs_d[None, :], cache_modifier=".cg")
+                    part = tl.load(op_ptr + rw[:, None] * HEAD_D + offs_d[None, :], mask=hmask[:, None], other=0.0,
+                                   cache_modifier=".cg")  # fmt: skip
                     merged += part * wgt[:, None]
                 tl.store(o_ptrs, merged.to(o_ptr.dtype.element_ty), mask=hmask[:, None])
 
@@ -697,9 +704,10 @@ def qkv_row_slices(head_dim: int, qk_norm: bool, n_heads: int, sms: int) -> int:
 
 
 def attn_num_splits(batch: int, hk: int, max_len: int, sms: int) -> int:
-    """Static KV split count (shapes only): ~3 programs per SM, >= 256 keys each, at most 32."""
-    want = -(-3 * sms // max(1, batch * hk))
-    return int(max(1, min(want, max_len // 256, 32)))
+    """Static KV split count (shapes only): >= 256 keys per split, at most 16, whatever the batch. More
+    splits lose at every batch: the merging program reads every split's partials in turn
+    (docs/kernels.md, "Fused decode layer")."""
+    return int(max(1, min(16, max_len // 256)))
 
 
 def k_splits(n_tiles: int, max_splits: int, sms: int) -> int:
@@ -816,7 +824,10 @@ def _attn_op(
     op = torch.empty(max(1, b * hk * hpg_p * ns * hd if ns > 1 else 1), dtype=torch.float32, device=q.device)
     lse = torch.empty(max(1, b * hk * hpg_p * ns if ns > 1 else 1), dtype=torch.float32, device=q.device)
     cnt = tile_counters(q, b * hk)
-    bn, nw, st = (16, 4, 1) if not q.is_cuda else ((128, 8, 3) if hd >= 128 else (128, 4, 3))
+    # keys per step: 64 unless a split holds more than ~512 keys (fewer masked lanes in its last step)
+    bn = 128 if k_cache.shape[1] > 512 * ns else 64
+    bn, nw, st = (16, 4, 1) if not q.is_cuda else (bn, 8 if hd >= 128 else 4, 3)
+    bn, nw = _ov("attn_block_n", bn), _ov("attn_warps", nw)
     _attn_kernel[(b * hk, ns)](
         q, k_cache, v_cache, lens, mask.view(torch.uint8), o, op, lse, cnt,
         _LOG2E / math.sqrt(hd), int(len_add),
@@ -986,6 +997,7 @@ def attention_decode_merged(
         raise ValueError(f"q must be contiguous [B <= {MAX_BATCH}, Hq, d], got {tuple(q.shape)}")
     _check_mask(mask, b, k_cache.shape[2], "mask")
     ns = attn_num_splits(b, k_cache.shape[2], k_cache.shape[1], _sms(q)) if num_splits is None else num_splits
+    ns = _ov("attn_splits", ns)
     if interpret_mode() and num_splits is None:
         ns = min(ns, 2)
     return _attn_op(q, k_cache, v_cache, lens, mask, int(len_add), int(ns))
