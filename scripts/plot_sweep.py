@@ -54,15 +54,18 @@ def plot(records: list[dict], out: Path, title: str | None = None) -> Path:
     series, dense = group_series(records)
     if not series:
         raise ValueError("no finished non-dense records to plot")
-    fig, (ax_ppl, ax_acc) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for label, rs in series.items():
+    fig, (ax_ppl, ax_acc) = plt.subplots(1, 2, figsize=(13, 4.6))
+    colors = plt.get_cmap("tab20").colors
+    markers = "osD^vP*Xh<>p"
+    for n, (label, rs) in enumerate(series.items()):  # a distinct (colour, marker) per series
+        style = {"color": colors[(2 * n) % 20 + (n // 10) % 2], "marker": markers[n % len(markers)], "label": label}
         x = [100 * r["flops_removed"] for r in rs]
         ppl = [r.get("wikitext_word_ppl") for r in rs]
         acc = [None if r.get("avg_acc") is None else 100 * r["avg_acc"] for r in rs]
         if any(v is not None for v in ppl):
-            ax_ppl.plot(*_pairs(x, ppl), marker="o", label=label)
+            ax_ppl.plot(*_pairs(x, ppl), **style)
         if any(v is not None for v in acc):
-            ax_acc.plot(*_pairs(x, acc), marker="o", label=label)
+            ax_acc.plot(*_pairs(x, acc), **style)
     if dense is not None:
         if dense.get("wikitext_word_ppl"):
             ax_ppl.axhline(dense["wikitext_word_ppl"], color="k", ls="--", lw=1, label="dense")
@@ -74,7 +77,7 @@ def plot(records: list[dict], out: Path, title: str | None = None) -> Path:
     for ax in (ax_ppl, ax_acc):
         ax.set_xlabel("FLOPs removed (%), measured on the evaluated tokens")
         ax.grid(alpha=0.3)
-    ax_acc.legend(fontsize=8, loc="best")
+    ax_acc.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))  # outside: no point hidden
     if title:
         fig.suptitle(title)
     fig.tight_layout()
