@@ -557,29 +557,11 @@ def load_specs(path: Path) -> list[RunSpec]:
 
 def tiny_setup(a: argparse.Namespace, work: Path) -> list[RunSpec]:
     """A tiny random Llama with the SmolLM2 tokenizer and a small text file; every method once, a few steps."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from wide.model import smollm2_gguf_path
+    from wide.model import save_tiny_llama
 
     model_dir = work / "tiny-model"
     if not (model_dir / "config.json").is_file():
-        p = smollm2_gguf_path()
-        tok = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
-        torch.manual_seed(0)
-        cfg = LlamaConfig(
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            intermediate_size=128,
-            vocab_size=len(tok),
-            max_position_embeddings=512,
-            bos_token_id=tok.bos_token_id,
-            eos_token_id=tok.eos_token_id,
-        )
-        LlamaForCausalLM(cfg).save_pretrained(model_dir)
-        tok.save_pretrained(model_dir)
+        save_tiny_llama(model_dir, max_position_embeddings=512)
     corpus = work / "corpus.txt"
     text = " ".join(f"The number {i} follows {i - 1} and precedes {i + 1}." for i in range(300))
     if not corpus.is_file() or corpus.read_text() != text:  # written only when it differs: rows may be reading it

@@ -1,19 +1,32 @@
 #!/usr/bin/env bash
-# One device call: the fused decode GEMV sweep (scripts/tune_fused_decode.py), routed decode attention vs
-# SDPA (scripts/bench_attention_decode.py), then the GPU test suite (kernels + runtime). Each step has its
-# own time limit (TUNE_S, ATTN_S, TEST_S seconds; 0 skips). Records land in $OUT.
+# One device call for the fused decode layer, each step with its own time limit in seconds (0 skips it):
+#   BENCH_S  scripts/bench_decode.py: TPOT dense / WIDE, fused / unfused, B 1 and 16 -> decode-h200.{json,md}
+#   PROF_S   scripts/profile_e2e.py on the fused step (B 1, ctx 4,096, 50%)         -> profile_e2e.txt
+#   TUNE_S   scripts/tune_fused_decode.py: per-kernel launch-shape sweep (KERNELS)  -> fused-tune-h200.{json,md}
+#   ATTN_S   scripts/bench_attention_decode.py: routed decode attention vs SDPA     -> attn-decode-h200.*
+#   TEST_S   the GPU test suite (kernels + runtime)                                 -> gpu-tests-h200.log
+# At most 8 files come back from $OUT: the defaults (bench, profile, tests) leave 4.
 set -u
 export PYTHONPATH=$PWD/src WIDE_AUTOTUNE_MAX=1
-TUNE_S=${TUNE_S:-230}; ATTN_S=${ATTN_S:-90}; TEST_S=${TEST_S:-240}
-nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv > "$OUT/gpu.txt" 2>&1
+BENCH_S=${BENCH_S:-200}; PROF_S=${PROF_S:-90}; TUNE_S=${TUNE_S:-0}; ATTN_S=${ATTN_S:-0}; TEST_S=${TEST_S:-240}
+git log -1 --format='%h %s' > "$OUT/commit.txt" 2>/dev/null || true
+if [ "$BENCH_S" != 0 ]; then
+  timeout "$BENCH_S" python3 scripts/bench_decode.py --out "$OUT" --budget-s $((BENCH_S - 60)) ${BENCH_ARGS:-} \
+    > "$OUT/bench.log" 2>&1
+fi
+if [ "$PROF_S" != 0 ]; then
+  WIDE_FUSED=1 PROFILE_CALLS=decode timeout "$PROF_S" python3 scripts/profile_e2e.py "$OUT" 4096 0.5 >/dev/null 2>&1
+fi
 if [ "$TUNE_S" != 0 ]; then
-  timeout "$TUNE_S" python3 scripts/tune_fused_decode.py --out "$OUT" --budget-s $((TUNE_S - 30)) > "$OUT/tune.log" 2>&1
+  timeout "$TUNE_S" python3 scripts/tune_fused_decode.py --out "$OUT" --budget-s $((TUNE_S - 30)) \
+    --kernels "${KERNELS:-qkv,attn,o,ffn,router}" > "$OUT/tune.log" 2>&1
 fi
 if [ "$ATTN_S" != 0 ]; then
   timeout "$ATTN_S" python3 scripts/bench_attention_decode.py --out "$OUT" > "$OUT/attn.log" 2>&1
 fi
 if [ "$TEST_S" != 0 ]; then
   N=""; python3 -c "import xdist" 2>/dev/null && N="-n 8"
+  # shellcheck disable=SC2086  # $N: zero or two args
   timeout "$TEST_S" python3 -m pytest -q -m "not slow" $N -p no:cacheprovider tests/kernels tests/runtime \
     > "$OUT/gpu-tests-h200.log" 2>&1
   echo "pytest exit $?" >> "$OUT/gpu-tests-h200.log"

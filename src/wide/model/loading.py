@@ -34,6 +34,31 @@ def smollm2_gguf_path() -> Path:
     return p
 
 
+def save_tiny_llama(out: str | Path, max_position_embeddings: int = 4096, seed: int = 0) -> Path:
+    """Write a tiny random Llama (2 layers, D 64, 4 q / 2 kv heads, D' 128) with the embedded SmolLM2
+    tokenizer to ``out`` (a Hugging Face model folder): smoke tests and CPU checks of the whole pipeline."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    p = smollm2_gguf_path()
+    tok = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=len(tok),
+        max_position_embeddings=max_position_embeddings,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    out = Path(out)
+    LlamaForCausalLM(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
 def resolve_model_id(name: str) -> str:
     """The id recorded in checkpoints: the embedded alias, or the path / hub id as given."""
     return SMOLLM2 if name.lower() == SMOLLM2 else name
