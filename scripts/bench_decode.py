@@ -17,7 +17,6 @@ the whole run stops starting new variants past ``--budget-s``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import os
@@ -26,7 +25,7 @@ import traceback
 
 import torch
 
-from wide.bench.e2e import LLAMA_8B, build_model
+from wide.bench.e2e import LLAMA_8B, build_model, decode_accounting
 from wide.bench.timing import median_ms
 from wide.config import WideConfig
 from wide.kernels import fused_decode
@@ -46,65 +45,6 @@ def routers_at(wm: WideModel, attn: float, ffn: float, tokens: torch.Tensor) -> 
     rates = {key: attn if key[1] == "attn" else ffn for key in margins}
     for (i, k), d in fit_offsets(margins, rates, "router").items():
         getattr(wm.routers[i], k).skip_bias.fill_(d)
-
-
-def _count_kernels(fn) -> int | None:
-    """CUDA kernels one call of fn launches (memcpy / memset excluded); None without a GPU."""
-    from torch.profiler import ProfilerActivity, profile
-
-    if not torch.cuda.is_available():
-        return None
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    n = 0
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA and not any(s in e.name for s in ("Memcpy", "Memset")):
-            n += 1
-    return n
-
-
-@contextlib.contextmanager
-def _first_layers(rt: WideRuntime, n: int):
-    """The runtime restricted to its first n decoder layers (kernel counting only)."""
-    saved = (rt.weights, dict(rt.step_configs), rt.fused_layers)
-    rt.weights = rt.weights[:n]
-    rt.step_configs = {k: v[:n] for k, v in rt.step_configs.items()}
-    if rt.fused_layers is not None:
-        rt.fused_layers = rt.fused_layers[:n]
-    try:
-        yield
-    finally:
-        rt.weights, rt.step_configs, rt.fused_layers = saved
-
-
-def _bytes_read(rt: WideRuntime, batch: int, ctx: int, masks) -> tuple[int, dict]:
-    """Weights + KV one decode step reads: the groups the batch's union runs (from the step's masks),
-    K/V cache rows of the (token, group) pairs that run, lm_head; norms and embeddings are negligible."""
-    d, el = rt.wm.dims, 2
-    dm, hq, hk, hd = d.hidden, d.n_q_heads, d.n_kv_heads, d.head_dim
-    df = rt.layers[0].mlp.down_proj.weight.shape[1]
-    total, info = 0, {"attn_union_run": [], "ffn_union_run": [], "attn_token_run": [], "ffn_token_run": []}
-    for i in range(d.n_layers):
-        if masks is not None:
-            ma, mf = masks[i]
-            ua, uf = ma.any(0).float().mean().item(), mf.any(0).float().mean().item()
-            ta, tf_ = ma.float().mean().item(), mf.float().mean().item()
-            router = 2 * rt.heads[i][0][0].numel() * el
-        else:
-            ua = uf = ta = tf_ = 1.0
-            router = 0
-        for k, v in (("attn_union_run", ua), ("ffn_union_run", uf), ("attn_token_run", ta), ("ffn_token_run", tf_)):
-            info[k].append(v)
-        q_o = 2 * hq * hd * dm * el * ua
-        kv_w = 2 * hk * hd * dm * el
-        ffn = 3 * df * dm * el * uf
-        kv_cache = batch * (ctx + 1) * hk * hd * 2 * el * ta
-        total += q_o + kv_w + ffn + kv_cache + router
-    total += rt.hf.lm_head.weight.numel() * el
-    summary = {k: sum(v) / len(v) for k, v in info.items()}
-    return int(total), summary
 
 
 def measure(
@@ -136,36 +76,7 @@ def measure(
 
     decode()
     tpot = median_ms(decode, reps, dev)
-    masks = None
-    if fused and routed:  # the graph's own router outputs, as the last replay left them
-        decode()
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        masks = [(m_a.clone(), m_f.clone()) for m_a, m_f in rt.fused_masks]
-    elif routed:  # same decisions as the fused path up to the norm's rounding: read them from a fused step
-        masks = None
-    nbytes, frac = _bytes_read(rt, batch, ctx, masks)
-
-    def eager():
-        rt.cache.lens.copy_(lens)
-        rt.decode(ids)
-
-    per_step = _count_kernels(eager)
-    with _first_layers(rt, 1):
-        one = _count_kernels(eager)
-    with _first_layers(rt, 2):
-        two = _count_kernels(eager)
-    rt.cache.lens.copy_(lens)
-    out = {
-        "tpot_ms": tpot,
-        "kernels_per_step": per_step,
-        "kernels_per_layer": None if one is None else two - one,
-        "bytes_read": nbytes if masks is not None or not routed else None,
-        "tb_per_s": (nbytes / (tpot * 1e-3) / 1e12) if masks is not None or not routed else None,
-    }
-    if masks is not None:
-        out.update({f"measured_{k}": v for k, v in frac.items()})
-    return out
+    return {"tpot_ms": tpot, **decode_accounting(rt, ids, ctx, tpot)}
 
 
 def correctness(wm: WideModel, routed: bool, batch: int, steps: int = 32) -> dict:

@@ -56,3 +56,32 @@ def test_e2e_bench_fused_decode_is_recorded(tmp_path):
     )
     assert len(rows) == 2 and all(r["tpot_ms"] > 0 for r in rows)
     assert json.loads((tmp_path / "e2e-h200.meta.json").read_text())["fused_decode"] is True
+
+
+def test_decode_accounting_counts_the_step_reads(tmp_path):
+    """Bytes per decode step: dense = every projection's weights + lm_head + the K/V rows of the context
+    (counted here from the model's own parameters); WIDE at 50% through the fused layer reads less, from
+    the step's masks; the unfused routed step keeps no masks (None). Kernel counts need a GPU."""
+    import torch
+
+    rows = run_e2e_bench(
+        str(tmp_path), shape=dict(TINY, hidden_size=128), device="cpu", dtype=torch.float32, sparsities=(0.5,),
+        batches=(2,), prompt=8, context=12, reps=1, fused_decode=True,
+    )  # fmt: skip
+    dense, wide = rows
+    cfg = dict(TINY, hidden_size=128)
+    d, hq, hk, df, n = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], \
+        cfg["intermediate_size"], cfg["num_hidden_layers"]  # fmt: skip
+    hd = d // hq
+    weights = n * (2 * hq * hd * d + 2 * hk * hd * d + 3 * df * d) + cfg["vocab_size"] * d
+    kv = n * 2 * (12 + 1) * hk * hd * 2  # batch 2, context 12 + the new token, K and V
+    assert dense["bytes_read"] == (weights + kv) * 4  # fp32
+    assert dense["tb_per_s"] == pytest.approx(dense["bytes_read"] / (dense["tpot_ms"] * 1e-3) / 1e12)
+    assert wide["bytes_read"] < dense["bytes_read"]
+    assert 0.0 <= wide["measured_attn_token_run"] <= wide["measured_attn_union_run"] <= 1.0
+    assert dense["kernels_per_step"] is None and dense["kernels_per_layer"] is None  # CPU: no CUDA kernels
+    unfused = run_e2e_bench(
+        str(tmp_path), shape=TINY, device="cpu", dtype=torch.float32, sparsities=(0.5,), batches=(1,), prompt=8,
+        context=12, reps=1,
+    )  # fmt: skip
+    assert unfused[0]["bytes_read"] is not None and unfused[1]["bytes_read"] is None

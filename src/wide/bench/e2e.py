@@ -5,11 +5,15 @@ Routers get random weights and per-router thresholds fitted so that argmax routi
 fraction of groups on this model's own hidden states: token-dependent masks at the target rate, with
 the routers' cost included. Decode steps are timed as CUDA-graph replays; prefill with CUDA events,
 both as issued from Python (``ttft_ms``) and replayed from a CUDA graph of that prompt shape
-(``ttft_graph_ms``: the GPU's time, free of Python's per-kernel issue cost).
+(``ttft_graph_ms``: the GPU's time, free of Python's per-kernel issue cost). Each decode record also
+says what one step costs in launches and bytes (``decode_accounting``): kernels per step and per decoder
+layer (torch.profiler over an eager step; on a GPU only), the weights and KV the step reads given the
+groups its batch runs, and the TB/s that makes of the TPOT.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -128,7 +132,100 @@ def measure(
 
         decode()
     tpot = median_ms(decode, reps * 4, device)
+    extra.update(decode_accounting(rt, step_ids, context, tpot))
     return {"ttft_ms": ttft, "tpot_ms": tpot, **extra}
+
+
+def count_kernels(fn) -> int | None:
+    """CUDA kernels one call of ``fn`` launches (memcpy / memset excluded); None without a GPU."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if not torch.cuda.is_available():
+        return None
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    skip = ("Memcpy", "Memset")
+    return sum(e.device_type == torch.autograd.DeviceType.CUDA and not any(k in e.name for k in skip)
+               for e in prof.events())  # fmt: skip
+
+
+@contextlib.contextmanager
+def _first_layers(rt: WideRuntime, n: int):
+    """The runtime restricted to its first n decoder layers (kernel counting only)."""
+    saved = (rt.weights, dict(rt.step_configs), rt.fused_layers)
+    rt.weights = rt.weights[:n]
+    rt.step_configs = {k: v[:n] for k, v in rt.step_configs.items()}
+    if rt.fused_layers is not None:
+        rt.fused_layers = rt.fused_layers[:n]
+    try:
+        yield
+    finally:
+        rt.weights, rt.step_configs, rt.fused_layers = saved
+
+
+def decode_bytes(rt: WideRuntime, batch: int, ctx: int, masks: list | None) -> tuple[int, dict]:
+    """Bytes of weights and KV one decode step reads, and the run fractions behind them.
+
+    masks: per layer (attention [B, Hk], FFN [B, G]) bool of the step (``rt.fused_masks``), or None for a
+    dense step. Read: Q / O rows and FFN channels of the groups the batch's union runs, K / V projections
+    whole, the K / V cache rows of the (token, group) pairs that run, the routers' projections, lm_head
+    (norms and the embedding row are negligible). Returns (bytes, mean union / per-token run fractions)."""
+    d, el = rt.wm.dims, rt.hf.lm_head.weight.element_size()
+    dm, hq, hk, hd = d.hidden, d.n_q_heads, d.n_kv_heads, d.head_dim
+    df = rt.layers[0].mlp.down_proj.weight.shape[1]
+    total, info = 0, {"attn_union_run": [], "ffn_union_run": [], "attn_token_run": [], "ffn_token_run": []}
+    for i in range(d.n_layers):
+        if masks is not None:
+            ma, mf = masks[i]
+            ua, uf = ma.any(0).float().mean().item(), mf.any(0).float().mean().item()
+            ta, tf_ = ma.float().mean().item(), mf.float().mean().item()
+            router = 2 * rt.heads[i][0][0].numel() * el
+        else:
+            ua = uf = ta = tf_ = 1.0
+            router = 0
+        for k, v in (("attn_union_run", ua), ("ffn_union_run", uf), ("attn_token_run", ta), ("ffn_token_run", tf_)):
+            info[k].append(v)
+        q_o = 2 * hq * hd * dm * el * ua
+        kv_w = 2 * hk * hd * dm * el
+        ffn = 3 * df * dm * el * uf
+        kv_cache = batch * (ctx + 1) * hk * hd * 2 * el * ta
+        total += q_o + kv_w + ffn + kv_cache + router
+    total += rt.hf.lm_head.weight.numel() * el
+    return int(total), {k: sum(v) / len(v) for k, v in info.items()}
+
+
+def decode_accounting(rt: WideRuntime, ids: torch.Tensor, ctx: int, tpot_ms: float) -> dict:
+    """What one decode step of ``ids`` [B, 1] at ``ctx`` cached tokens costs: kernels per step and per
+    decoder layer (eager steps of all, one and two layers), bytes read and TB/s at ``tpot_ms``. Bytes need
+    the step's masks: a routed runtime without the fused decode layer (which keeps them) reports None.
+    Leaves the cache lengths at ctx."""
+    batch = ids.shape[0]
+
+    def eager():
+        rt.cache.lens.fill_(ctx)
+        rt.decode(ids)
+
+    masks = None
+    if rt.routed and rt.fused_layers is not None:
+        eager()
+        masks = [(a.clone(), f.clone()) for a, f in rt.fused_masks]
+    out: dict = {"kernels_per_step": count_kernels(eager)}
+    with _first_layers(rt, 1):
+        one = count_kernels(eager)
+    with _first_layers(rt, 2):
+        two = count_kernels(eager)
+    rt.cache.lens.fill_(ctx)
+    out["kernels_per_layer"] = None if one is None else two - one
+    if masks is not None or not rt.routed:
+        nbytes, frac = decode_bytes(rt, batch, ctx, masks)
+        out.update(bytes_read=nbytes, tb_per_s=nbytes / (tpot_ms * 1e-3) / 1e12)
+        if masks is not None:
+            out.update({f"measured_{k}": v for k, v in frac.items()})
+    else:
+        out.update(bytes_read=None, tb_per_s=None)
+    return out
 
 
 def run_e2e_bench(
