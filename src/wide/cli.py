@@ -296,7 +296,7 @@ def cmd_refit(a: argparse.Namespace) -> int:
     from wide.baselines import TRAINING_FREE, load, method_of
     from wide.model import load_model
     from wide.train.data import DataOrder
-    from wide.train.threshold_fit import fit_thresholds
+    from wide.train.threshold_fit import fit_thresholds, trained_bias_of
 
     if method_of(a.routers) in TRAINING_FREE:
         raise ValueError(f"--routers {a.routers}: {method_of(a.routers)} has no trained thresholds to re-fit")
@@ -306,8 +306,9 @@ def cmd_refit(a: argparse.Namespace) -> int:
     ds, data = _training_data(a, tok, a.seq_len)
     order = DataOrder(len(ds), a.batch_size, seed=a.seed)
     batches = [ds.batch(order.next_batch()) for _ in range(a.batches)]
-    fit = fit_thresholds(wm, batches, device, a.mode)
     summary = dict(getattr(wm, "training_summary", {}) or {})
+    # the rates training ran at: under the offsets it sampled with (stage 2: the stage-1 fit's)
+    fit = fit_thresholds(wm, batches, device, a.mode, trained_bias_of(summary.get("skip_bias_fit")))
     summary["skip_bias_fit"] = fit
     summary.setdefault("refits", []).append(
         {"mode": a.mode, "tokens": a.batches * a.batch_size * a.seq_len, "data": str(data), "device": str(device)}

@@ -30,7 +30,9 @@ def test_lora_stage_trains_adapters_and_merges_back(tmp_path):
     for n, p in model.named_parameters():  # make the adapters non-zero so their path matters
         if "lora_B" in n:
             torch.nn.init.normal_(p, std=0.05)
-    calibrate(
+    stage1_bias = {f"{k}{i}": float(getattr(r, k).skip_bias) for i, r in enumerate(wm.routers) for k in ("attn", "ffn")}
+    assert any(v != 0 for v in stage1_bias.values())  # stage 1's fit moved the offsets
+    summary = calibrate(
         wm,
         _dataset(),
         TrainConfig(steps=3, batch_size=4, seq_len=16, fit_batches=1, lr=1e-2),
@@ -38,6 +40,8 @@ def test_lora_stage_trains_adapters_and_merges_back(tmp_path):
         progress=False,
         adapter=adapter,
     )
+    # stage 2 sampled under stage 1's offsets, and its fit aims at the rates it trained at (with them)
+    assert summary["skip_bias_fit"]["trained_skip_bias"] == stage1_bias
     assert (tmp_path / "s2" / "adapter_config.json").is_file()
     assert (tmp_path / "s2" / "adapter_model.safetensors").is_file()
     # base weights untouched, LoRA + routers trained

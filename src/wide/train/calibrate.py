@@ -46,7 +46,7 @@ from wide.train.fsdp import (
     prepare_model,
 )
 from wide.train.losses import model_flop_weights, routing_sparsity_loss, task_loss, teacher_hidden
-from wide.train.threshold_fit import FIT_MODES, fit_thresholds
+from wide.train.threshold_fit import FIT_MODES, fit_thresholds, skip_biases
 
 STATE_NAME = "trainer_state.safetensors"  # tensors + a JSON header (safetensors metadata): no pickle
 LEGACY_STATE_NAME = "trainer_state.pt"  # written by older versions as a pickle: never loaded
@@ -616,6 +616,8 @@ def calibrate(
         if rank == 0:
             truncate_log(log_path, start)
     amp = autocast_dtype(device)
+    # the offsets this run samples under (0 in stage 1, the stage-1 fit's in stage 2): the final fit's target
+    train_bias = skip_biases(wm)
     flop_w = model_flop_weights(wm, tc.seq_len) if cfg.sparsity_kind == "flops" else None  # FLOP-weighted target
     wm.mode = "gumbel"
     bar = tqdm(total=tc.steps, initial=start, disable=not progress or rank > 0, desc="calibrate", dynamic_ncols=True)
@@ -705,7 +707,7 @@ def calibrate(
         fit_order = DataOrder(len(dataset), tc.batch_size, seed=tc.seed + 1)
         batches = [dataset.batch(fit_order.next_batch()) for _ in range(tc.fit_batches)]
         torch.manual_seed(tc.seed + 1)  # the fit samples Gumbel routes too: same noise on every rank
-        summary["skip_bias_fit"] = fit_thresholds(wm, batches, device, tc.fit_mode)
+        summary["skip_bias_fit"] = fit_thresholds(wm, batches, device, tc.fit_mode, train_bias)
     wm.mode = "argmax"
     summary["stage"] = "lora" if adapter is not None else "calibration"
     lora = lora_state_dict(adapter)  # a collective when sharded

@@ -10,6 +10,10 @@ probability hovers around 0.3 never skips under argmax). A per-router offset δ 
                  kind's mean expected rate (keeps argmax's per-layer allocation);
   mode "global": one δ for every router, matching the loss's overall rate
                  mean_l ½(rate_attn_l + rate_ffn_l) (keeps argmax's attention / FFN split too).
+The expected rate is the one training sampled under, i.e. with the offsets the routers carried while it
+ran (``train_bias``): zero in stage 1, the stage-1 fit's δ in stage 2 (LoRA recovery starts from fitted
+routers and its sparsity loss holds the rate with that δ in the margin). Fitting stage 2 to its δ = 0 rates
+instead lets its real sparsity fall (docs/design.md#threshold-fit).
 """
 
 from __future__ import annotations
@@ -24,9 +28,18 @@ FIT_MODES = ("router", "kind", "global", "none")
 Key = tuple[int, str]  # (layer, "attn" | "ffn")
 
 
+def skip_biases(wm) -> dict[Key, float]:
+    """Every router's current skip-logit offset δ (the offsets a training run starting now samples under)."""
+    return {(i, k): float(getattr(r, k).skip_bias) for i, r in enumerate(wm.routers) for k in ("attn", "ffn")}
+
+
 @torch.no_grad()
-def collect_margins(wm, batches: Iterable[dict], device: torch.device) -> tuple[dict, dict]:
-    """Skip margins (argmax decisions, offsets at 0) and expected Gumbel-time skip rates per router."""
+def collect_margins(
+    wm, batches: Iterable[dict], device: torch.device, train_bias: dict[Key, float] | None = None
+) -> tuple[dict, dict]:
+    """Skip margins (argmax decisions, offsets at 0) and expected Gumbel-time skip rates per router, the
+    latter under the offsets ``train_bias`` (default 0) that training sampled with."""
+    train_bias = train_bias or {}
     margins: dict[Key, list] = {(i, k): [] for i in range(len(wm.routers)) for k in ("attn", "ffn")}
     probs: dict[Key, list] = {key: [] for key in margins}
     for r in wm.routers:
@@ -42,7 +55,8 @@ def collect_margins(wm, batches: Iterable[dict], device: torch.device) -> tuple[
             for (i, k), lst in margins.items():
                 mg = wm.last_masks[i][k + "_margin"][keep]  # [N_tok, N_G] skip margins
                 lst.append(mg.flatten())
-                probs[(i, k)].append(torch.sigmoid(mg).flatten())  # the two-class softmax's P(skip)
+                # the two-class softmax's P(skip), with the offset training sampled under
+                probs[(i, k)].append(torch.sigmoid(mg + train_bias.get((i, k), 0.0)).flatten())
     m = {key: torch.cat(v) for key, v in margins.items()}
     p = {key: float(torch.cat(v).mean()) for key, v in probs.items()}
     return m, p
@@ -92,9 +106,12 @@ def fit_offsets(margins: dict[Key, torch.Tensor], expected: dict[Key, float], mo
 
 
 @torch.no_grad()
-def fit_thresholds(wm, batches: Iterable[dict], device: torch.device, mode: str = "router") -> dict:
-    """Fit and set every router's skip_bias; return the argmax skip rates before and after."""
-    margins, expected = collect_margins(wm, batches, device)
+def fit_thresholds(
+    wm, batches: Iterable[dict], device: torch.device, mode: str = "router", train_bias: dict[Key, float] | None = None
+) -> dict:
+    """Fit and set every router's skip_bias to the rates training ran at (under ``train_bias``, default 0);
+    return the argmax skip rates before and after, the expected rates and the offsets trained under."""
+    margins, expected = collect_margins(wm, batches, device, train_bias)
     deltas = fit_offsets(margins, expected, mode)
     for (i, k), d in deltas.items():
         getattr(wm.routers[i], k).skip_bias.fill_(d)
@@ -106,4 +123,15 @@ def fit_thresholds(wm, batches: Iterable[dict], device: torch.device, mode: str 
         "argmax_skip_before": before,
         "argmax_skip_after": after,
         "expected_gumbel_skip": {name(k): v for k, v in expected.items()},
+        "trained_skip_bias": {name(k): (train_bias or {}).get(k, 0.0) for k in margins},
     }
+
+
+def trained_bias_of(fit: dict | None) -> dict[Key, float] | None:
+    """The offsets a checkpoint's routers were trained under, from its recorded fit (``trained_skip_bias``,
+    names like "attn3"); None where the record predates it (then 0 is assumed, as stage 1 trains)."""
+    named = (fit or {}).get("trained_skip_bias")
+    if not named:
+        return None
+    return {(int(n[4:] if n.startswith("attn") else n[3:]), "attn" if n.startswith("attn") else "ffn"): float(v)
+            for n, v in named.items()}  # fmt: skip
