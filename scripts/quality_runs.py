@@ -6,6 +6,7 @@ interrupted trained calibration continues from its latest checkpoint (`--resume`
   python scripts/quality_runs.py --out bench/results/smollm2/quality.json --work runs/quality \
       --methods dense,wide,module-skip,layer-skip,static-width,teal --targets 0.25,0.5 --steps 2000
   python scripts/quality_runs.py --spec runs.json --out ...     # a JSON list of run objects (RunSpec fields)
+  python scripts/quality_runs.py --spec a.json b.json --out ... # both lists' rows, in that order, one records file
   python scripts/quality_runs.py --tiny --out /tmp/q.json --work /tmp/q   # CPU smoke test, tiny random model
   python scripts/quality_runs.py --spec runs.json --out ... --jobs 8 --budget-s 480 --grace-s 60   # one GPU
 
@@ -544,14 +545,16 @@ def grid(a: argparse.Namespace) -> list[RunSpec]:
     return specs
 
 
-def load_specs(path: Path) -> list[RunSpec]:
+def load_specs(paths: list[Path]) -> list[RunSpec]:
+    """The runs of every file, in the order given (one records file can hold several specs' rows)."""
     known = {f.name for f in dataclasses.fields(RunSpec)}
     out = []
-    for i, d in enumerate(json.loads(path.read_text())):
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"--spec {path}: run {i} has unknown fields {unknown} (known: {sorted(known)})")
-        out.append(RunSpec(**d))
+    for path in paths:
+        for i, d in enumerate(json.loads(path.read_text())):
+            unknown = sorted(set(d) - known)
+            if unknown:
+                raise ValueError(f"--spec {path}: run {i} has unknown fields {unknown} (known: {sorted(known)})")
+            out.append(RunSpec(**d))
     return out
 
 
@@ -589,7 +592,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", help="JSON file of records (required; rewritten as rows finish, resumable)")
     p.add_argument("--work", default="runs/quality", help="checkpoint directories, one per run name")
-    p.add_argument("--spec", type=Path, help="JSON list of runs (RunSpec fields); default: the grid flags")
+    p.add_argument(
+        "--spec", type=Path, nargs="+", help="JSON lists of runs (RunSpec fields), in order; default: the grid flags"
+    )
     p.add_argument("--methods", default="dense,wide,module-skip,layer-skip,static-width,teal")
     p.add_argument("--targets", default="0.25,0.5")
     p.add_argument("--sparsity-kind", choices=["groups", "flops"], default="groups")

@@ -21,6 +21,7 @@
 # as at most 8 files come back from $OUT: the 4 above, PACK_PARTS parts and the caller's own log).
 # Usage (repo root; carry setup.sh's inputs): bash scripts/device/quality.sh [OUT]
 #   SPEC=scripts/device/quality-sweep.json: the 10 / 30 / 70% levels of the sweep figure (same records file)
+#   SPEC="scripts/device/quality-first.json scripts/device/quality-sweep.json": both lists, in that order
 # Env (defaults): SPEC (scripts/device/quality-first.json) WORK ($HOME/quality) JOBS (3) BUDGET_S (480)
 #   GRACE_S (60) BATCH (8) SEQ (2048) SAVE_EVERY (100) EVAL_LIMIT (500; empty: full sets) EVAL_BATCH
 #   (16) COMPILE (0; 1: --compile) PACK_PARTS (3) QUALITY_EXTRA (more quality_runs.py flags).
@@ -71,8 +72,8 @@ fi
 L=${EVAL_LIMIT-500}
 c=""
 [ "${COMPILE:-0}" = 1 ] && c=--compile
-# shellcheck disable=SC2086  # $c, QUALITY_EXTRA: zero or more args
-python3 scripts/quality_runs.py --spec "${SPEC:-scripts/device/quality-first.json}" --out "$OUT/quality.json" \
+# shellcheck disable=SC2086  # SPEC: one or more files; $c, QUALITY_EXTRA: zero or more args
+python3 scripts/quality_runs.py --spec ${SPEC:-scripts/device/quality-first.json} --out "$OUT/quality.json" \
   --work "$WORK" --jobs "${JOBS:-3}" --budget-s "${BUDGET_S:-480}" --grace-s "${GRACE_S:-60}" \
   --batch-size "${BATCH:-8}" --seq-len "${SEQ:-2048}" --save-every "${SAVE_EVERY:-100}" \
   ${L:+--eval-limit "$L"} --eval-batch-size "${EVAL_BATCH:-16}" $c ${QUALITY_EXTRA:-} 2>&1 |

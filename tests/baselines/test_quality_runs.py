@@ -64,7 +64,12 @@ def test_spec_file_and_record(tmp_path):
     spec = tmp_path / "runs.json"
     spec.write_text(json.dumps([{"method": "layer-skip", "target": 0.5, "steps": 3}, {"method": "wide", "bogus": 1}]))
     with pytest.raises(ValueError, match="unknown fields"):
-        qr.load_specs(spec)
+        qr.load_specs([spec])
+    good = tmp_path / "more.json"
+    good.write_text(json.dumps([{"method": "teal", "target": 0.5}]))
+    spec.write_text(json.dumps([{"method": "layer-skip", "target": 0.5, "steps": 3}]))
+    assert [s.method for s in qr.load_specs([spec, good])] == ["layer-skip", "teal"]  # files in the order given
+    assert qr.parse_args(["--out", "x", "--spec", str(spec), str(good)]).spec == [spec, good]
     row = {
         "sparsity": {"all": {"tokens": 100, "attn_sparsity": 0.6, "ffn_sparsity": 0.4, "flop_saving": 0.35}},
         "tasks": {"piqa": {"score": 0.6}, "boolq": {"score": 0.5}},
@@ -108,11 +113,11 @@ def test_spec_checks_order_and_device_spec():
     assert recs == [{"name": "a", "v": 2}, {"name": "c"}, {"name": "x"}]
 
     # the first same-budget comparison of scripts/device/quality.sh
-    specs = qr.load_specs(ROOT / "scripts" / "device" / "quality-first.json")
+    specs = qr.load_specs([ROOT / "scripts" / "device" / "quality-first.json"])
     qr.check_specs(specs)
     names = {s.key for s in specs}
     names_by = {s.key: s for s in specs}
-    names_sweep = {s.key: s for s in qr.load_specs(ROOT / "scripts" / "device" / "quality-sweep.json")}
+    names_sweep = {s.key: s for s in qr.load_specs([ROOT / "scripts" / "device" / "quality-sweep.json"])}
     assert len(specs) == 21 and sum(s.method == "dense" for s in specs) == 1
     for t in (0.25, 0.5):
         trained = {s.method: s for s in specs if s.name == f"{s.method}-{round(100 * t)}"}  # calibration only
@@ -126,7 +131,7 @@ def test_spec_checks_order_and_device_spec():
     assert {s.stage1_from for s in lora} == {"wide-25", "wide-50", "module-skip-50"}
     assert all(names_by[s.stage1_from].method == s.method for s in lora)
     # Figure 6: the levels between and beyond (the 25% / 50% rows above complete it), same budget
-    sweep = qr.load_specs(ROOT / "scripts" / "device" / "quality-sweep.json")
+    sweep = qr.load_specs([ROOT / "scripts" / "device" / "quality-sweep.json"])
     qr.check_specs(specs + sweep)  # one spec list, one records file: no name twice
     trained = [s for s in sweep if not s.match_flops]
     assert {s.target for s in trained} == {0.1, 0.3, 0.7} and all(s.steps == 300 for s in trained)
