@@ -647,7 +647,9 @@ def build_parser() -> argparse.ArgumentParser:
     gn.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate (greedy)")
     gn.add_argument("--compile", action="store_true", help="torch.compile the runtime's layer step")
     gn.add_argument(
-        "--fused-decode", action="store_true", help="decode through the fused decode layer (<= 6 launches per layer)"
+        "--fused-decode",
+        action=argparse.BooleanOptionalAction,
+        help="decode through the fused decode layer (<= 6 launches per layer; default: on a GPU where it serves)",
     )
     gn.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     gn.add_argument("--device", help=DEVICE_HELP)
@@ -705,8 +707,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument(
         "--fused-decode",
-        action="store_true",
-        help="e2e: decode through the fused decode layer (<= 6 launches per layer; dense and WIDE alike)",
+        action=argparse.BooleanOptionalAction,
+        help="e2e: decode through the fused decode layer (dense and WIDE alike; default: the runtime's choice)",
     )
     b.add_argument("--batches", type=_csv(int, 1, None), help="e2e: comma list of batch sizes (default 1,16)")
     b.add_argument(

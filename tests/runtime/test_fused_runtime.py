@@ -37,7 +37,7 @@ def test_fused_greedy_decode_equals_unfused_and_masked_path(family):
     _, wm = _routed(family, seed=1)
     ids = torch.randint(0, 101, (3, 4))
     fused = generate(WideRuntime(wm, max_batch=3, max_seq=16, fused_decode=True), ids, 5)
-    unfused = generate(WideRuntime(wm, max_batch=3, max_seq=16), ids, 5)
+    unfused = generate(WideRuntime(wm, max_batch=3, max_seq=16, fused_decode=False), ids, 5)
     assert torch.equal(fused, unfused)
     assert torch.equal(fused, _masked_greedy(wm, ids, 5))
 
@@ -47,7 +47,7 @@ def test_fused_decode_logits_match_unfused(routed):
     _, wm = _routed("llama", seed=2)
     ids = torch.randint(0, 101, (2, 5))
     a = WideRuntime(wm, max_batch=2, max_seq=12, routed=routed, fused_decode=True)
-    b = WideRuntime(wm, max_batch=2, max_seq=12, routed=routed)
+    b = WideRuntime(wm, max_batch=2, max_seq=12, routed=routed, fused_decode=False)
     torch.testing.assert_close(a.prefill(ids), b.prefill(ids))
     nxt = torch.randint(0, 101, (2, 1))
     la, lb = a.decode(nxt), b.decode(nxt)
@@ -66,7 +66,7 @@ def test_fused_decode_serves_the_routers_out_bias():
         wm.set_out_bias(i, "ffn", torch.randn(128, generator=g))
     ids = torch.randint(0, 101, (2, 5))
     a = WideRuntime(wm, max_batch=2, max_seq=12, fused_decode=True)
-    b = WideRuntime(wm, max_batch=2, max_seq=12)
+    b = WideRuntime(wm, max_batch=2, max_seq=12, fused_decode=False)
     with torch.no_grad():
         torch.testing.assert_close(b.prefill(ids), wm(ids).logits[:, -1], rtol=1e-4, atol=1e-4)
     a.prefill(ids)
@@ -85,6 +85,30 @@ def test_fused_decode_rejects_large_batches():
         WideRuntime(wm, max_batch=17, max_seq=8, fused_decode=True)
 
 
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")],
+        ),
+    ],
+)
+def test_default_decodes_fused_on_a_gpu_wherever_it_serves(device):
+    """fused_decode=None: the fused layer on a GPU when it serves the runtime, the unfused step otherwise
+    (the CPU, more than 16 tokens, head_dim not a multiple of 32), never an error."""
+    _, wm = _routed("llama")
+    wm = wm.to(device)
+    on_gpu = device == "cuda"
+    assert (WideRuntime(wm, max_batch=2, max_seq=8).fused_layers is not None) == on_gpu
+    assert (WideRuntime(wm, max_batch=2, max_seq=8, routed=False).fused_layers is not None) == on_gpu
+    assert WideRuntime(wm, max_batch=17, max_seq=8).fused_layers is None
+    assert WideRuntime(wm, max_batch=2, max_seq=8, fused_decode=False).fused_layers is None
+    small = WideModel(tiny_model("llama", layers=1, hidden=64, heads=4, kv=2, inter=64), WideConfig(ffn_group_size=16))
+    assert WideRuntime(small.to(device), max_batch=1, max_seq=8).fused_layers is None  # head_dim 16
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("routed", [True, False])
@@ -93,7 +117,9 @@ def test_fused_cuda_graph_decode_equals_unfused_on_gpu(routed):
     wm = wm.cuda()
     ids = torch.randint(0, 101, (2, 6), device="cuda")
     fused = generate(WideRuntime(wm, max_batch=2, max_seq=32, routed=routed, fused_decode=True), ids, 8)
-    unfused = generate(WideRuntime(wm, max_batch=2, max_seq=32, routed=routed), ids, 8, cuda_graph=False)
+    unfused = generate(
+        WideRuntime(wm, max_batch=2, max_seq=32, routed=routed, fused_decode=False), ids, 8, cuda_graph=False
+    )
     assert torch.equal(fused, unfused)
     if routed:
         assert torch.equal(fused, _masked_greedy(wm, ids, 8))

@@ -75,7 +75,7 @@ def measure(
     reps: int,
     graph: bool,
     compile: bool = False,
-    fused_decode: bool = False,
+    fused_decode: bool | None = None,
     attn_sparsity_hint: float | list[float] | None = None,
     ffn_sparsity_hint: float | list[float] | None = None,
 ) -> dict:
@@ -133,7 +133,7 @@ def measure(
         decode()
     tpot = median_ms(decode, reps * 4, device)
     extra.update(decode_accounting(rt, step_ids, context, tpot))
-    return {"ttft_ms": ttft, "tpot_ms": tpot, **extra}
+    return {"ttft_ms": ttft, "tpot_ms": tpot, "fused_decode": rt.fused_layers is not None, **extra}
 
 
 def count_kernels(fn) -> int | None:
@@ -241,10 +241,11 @@ def run_e2e_bench(
     context: int = 4096,
     reps: int = 10,
     compile: bool = False,
-    fused_decode: bool = False,
+    fused_decode: bool | None = None,
 ) -> list[dict]:
     """Records (dense and WIDE per sparsity and batch) with ttft_ms, tpot_ms and speed-ups over dense;
-    fused_decode: decode steps through ``WideRuntime(fused_decode=True)``, dense and WIDE alike."""
+    fused_decode: ``WideRuntime``'s flag, dense and WIDE alike (None: its default); each record says whether
+    its decode ran fused."""
     shape = shape or LLAMA_8B
     if quick:
         sparsities, batches, reps = (0.0, 0.5), (1,), 5

@@ -99,20 +99,26 @@ def build_fused_layers(rt) -> list[FusedLayer]:
     return layers
 
 
-def check_fused(rt, max_batch: int) -> None:
-    """ValueError when the fused decode cannot serve this runtime (flag: ``fused_decode``)."""
+def fused_unsupported(rt, max_batch: int) -> str | None:
+    """Why the fused decode cannot serve this runtime (one line), or None when it can."""
     d = rt.wm.dims
     if max_batch > FD.MAX_BATCH:
-        raise ValueError(f"fused_decode serves batches of at most {FD.MAX_BATCH} tokens, max_batch={max_batch}")
+        return f"fused_decode serves batches of at most {FD.MAX_BATCH} tokens, max_batch={max_batch}"
     if d.head_dim % 32:
-        raise ValueError(f"fused_decode needs head_dim a multiple of 32, got {d.head_dim}")
+        return f"fused_decode needs head_dim a multiple of 32, got {d.head_dim}"
     if any(w.bo is not None and w.out_bias_attn is not None for w in rt.weights):
-        raise ValueError(
-            "fused_decode adds one bias after O: an O bias and a router's out_bias together are not served"
-        )
+        return "fused_decode adds one bias after O: an O bias and a router's out_bias together are not served"
     df = rt.layers[0].mlp.down_proj.weight.shape[1]
     if rt.g_ffn % 16 or df % rt.g_ffn:
-        raise ValueError(f"fused_decode needs an FFN group size that is a multiple of 16 dividing {df}: {rt.g_ffn}")
+        return f"fused_decode needs an FFN group size that is a multiple of 16 dividing {df}: {rt.g_ffn}"
+    return None
+
+
+def check_fused(rt, max_batch: int) -> None:
+    """ValueError when the fused decode cannot serve this runtime (flag: ``fused_decode``)."""
+    why = fused_unsupported(rt, max_batch)
+    if why is not None:
+        raise ValueError(why)
 
 
 @torch.no_grad()

@@ -247,9 +247,10 @@ class WideRuntime:
     your data (``WideModel.start_meter``, ``stop_meter()["per_layer"]``) when it differs. ``force_k``:
     one GEMM-K path ('small' | 'dense' | 'ordered') for O and down instead of the plan's choice.
     ``compile=True``: the layer step runs through ``torch.compile`` (first calls compile; raises
-    dynamo's recompile limit to 64 for the process). ``fused_decode=True``: decode steps run the fused
-    decode layer (``wide.runtime.fused``: at most six launches per layer, max_batch <= 16); prefill is
-    unchanged."""
+    dynamo's recompile limit to 64 for the process). ``fused_decode``: decode steps run the fused decode
+    layer (``wide.runtime.fused``: at most six launches per layer, max_batch <= 16; prefill is unchanged);
+    None (default): on a GPU wherever it serves the runtime, else the unfused step; True: the fused layer
+    or a ValueError saying why not; False: the unfused step."""
 
     def __init__(
         self,
@@ -262,7 +263,7 @@ class WideRuntime:
         attn_sparsity_hint: float | Sequence[float] | None = None,
         ffn_sparsity_hint: float | Sequence[float] | None = None,
         compile: bool = False,
-        fused_decode: bool = False,
+        fused_decode: bool | None = None,
     ):
         self.wm, self.hf = wm, wm.model
         self.layers = decoder_layers(self.hf)
@@ -298,10 +299,14 @@ class WideRuntime:
         if compile:  # one compiled layer step (per static config) serves every layer
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
             self.step = torch.compile(layer_step, dynamic=None)
+        from wide.runtime.fused import build_fused_layers, check_fused, fused_unsupported
+
+        if (
+            fused_decode is None
+        ):  # auto: on the GPU wherever the fused layer serves (docs/kernels.md#fused-decode-layer)
+            fused_decode = p.is_cuda and fused_unsupported(self, max_batch) is None
         self.fused_layers = None  # fused_decode: decode runs wide.runtime.fused (<= 6 launches per layer)
         if fused_decode:
-            from wide.runtime.fused import build_fused_layers, check_fused
-
             check_fused(self, max_batch)
             self.fused_layers = build_fused_layers(self)
 
