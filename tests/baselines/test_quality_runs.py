@@ -137,6 +137,10 @@ def test_spec_checks_order_and_device_spec():
     assert {s.target for s in trained} == {0.1, 0.3, 0.7} and all(s.steps == 300 for s in trained)
     assert sorted(s.method for s in sweep if s.match_flops) == ["static-width"] * 3 + ["teal"] * 3
     assert all(names_sweep[s.match_flops].method == "wide" for s in sweep if s.match_flops)
+    long = qr.load_specs([ROOT / "scripts" / "device" / "quality-long.json"])
+    qr.check_specs(specs + sweep + long)  # the longer budget: its own names, LoRA from its own stage 1
+    assert {s.target for s in long} == {0.25, 0.5} and all(s.steps > 10 * 300 for s in long)
+    assert all(s.stage1_from in {t.key for t in long if not t.lora_steps} for s in long if s.lora_steps)
     levers = {s.name: s for s in specs if s.name.startswith("wide-50-") and not s.lora_steps}
     assert {s.distill for s in levers.values()} == {"none", "kl+lm"} and levers[
         "wide-50-flops"
