@@ -24,6 +24,8 @@
 #   SPEC="scripts/device/quality-first.json scripts/device/quality-sweep.json": both lists, in that order
 #   SPEC=scripts/device/quality-long.json BATCH=16 JOBS=2: the longer budget (4,000 steps x 16 x 2,048 tokens,
 #     twice the shipped routers'; + 1,000 LoRA steps), several calls (each resumes the latest checkpoints)
+#   SPEC=scripts/device/quality-skip-lora.json: module skipping + LoRA at 25% (its stage 1 trained again under
+#     a new name: the first run's routers did not come back from the machine)
 # Env (defaults): SPEC (scripts/device/quality-first.json) WORK ($HOME/quality) JOBS (3) BUDGET_S (480)
 #   GRACE_S (60) BATCH (8) SEQ (2048) SAVE_EVERY (100) EVAL_LIMIT (500; empty: full sets) EVAL_BATCH
 #   (16) COMPILE (0; 1: --compile) PACK_PARTS (3) QUALITY_EXTRA (more quality_runs.py flags).

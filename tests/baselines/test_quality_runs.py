@@ -138,7 +138,9 @@ def test_spec_checks_order_and_device_spec():
     assert sorted(s.method for s in sweep if s.match_flops) == ["static-width"] * 3 + ["teal"] * 3
     assert all(names_sweep[s.match_flops].method == "wide" for s in sweep if s.match_flops)
     long = qr.load_specs([ROOT / "scripts" / "device" / "quality-long.json"])
-    qr.check_specs(specs + sweep + long)  # the longer budget: its own names, LoRA from its own stage 1
+    skip_lora = qr.load_specs([ROOT / "scripts" / "device" / "quality-skip-lora.json"])
+    qr.check_specs(specs + sweep + long + skip_lora)  # one records file: new names, LoRA from their own stage 1
+    assert [(s.method, s.target, s.steps, s.lora_steps) for s in skip_lora][-1] == ("module-skip", 0.25, 300, 300)
     assert {s.target for s in long} == {0.25, 0.5} and all(s.steps > 10 * 300 for s in long)
     assert all(s.stage1_from in {t.key for t in long if not t.lora_steps} for s in long if s.lora_steps)
     levers = {s.name: s for s in specs if s.name.startswith("wide-50-") and not s.lora_steps}
