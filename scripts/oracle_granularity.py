@@ -1,4 +1,4 @@
-"""Router or granularity? WIDE's FFN groups against a perfect router and TEAL-style thresholds (CPU).
+"""Router or granularity? WIDE's groups against a magnitude oracle and TEAL-style thresholds (CPU).
 
 At the FFN skip rates of a WIDE checkpoint (attention dense), WikiText-2 word perplexity of SmolLM2-135M
 on the first test documents for:
@@ -16,7 +16,12 @@ Each of oracle and teal runs twice: at the learned per-layer rates s_l, and at t
 and its down column; a zeroed input entry drops one column of the projection it feeds). The oracle sees the
 activations it skips, which no router can; it is greedy per layer, not a bound on what training can reach.
 
+--kind attn: the same for attention (the FFN forced to run): the oracle decides per KV group (WIDE's
+decision: all query heads of a group) or per query head, on each decision's contribution through O;
+TEAL-style zeroes the entries of the q / k / v and o inputs (it skips no attention-score work).
+
     python scripts/oracle_granularity.py --out bench/results/smollm2/granularity-cpu.json
+    python scripts/oracle_granularity.py --kind attn --out bench/results/smollm2/granularity-attn-cpu.json
     python scripts/oracle_granularity.py --plot bench/results/smollm2/granularity-cpu.json \
         --out docs/plots/granularity-cpu.png
 """
@@ -82,6 +87,73 @@ def teal_mlp(mlp, rate: float):
     return forward
 
 
+def oracle_o_hook(attn, rate: float, heads: int):
+    """A forward pre-hook for attn.o_proj: zero the (token, decision) pairs of ``heads`` query heads whose
+    contribution ||W_o[:, heads] o_heads|| is below the rate-quantile of the batch. o: [B, T, Hq * d]."""
+    w_o = attn.o_proj.weight  # [D, Hq * d]
+    d = attn.head_dim
+    hq = w_o.shape[1] // d
+
+    def hook(module, args):
+        o = args[0]
+        y = torch.einsum("bthc,Dhc->bthD", o.view(*o.shape[:-1], hq, d), w_o.view(-1, hq, d))  # [B, T, Hq, D]
+        y = y.view(*y.shape[:2], hq // heads, heads, -1).sum(3)  # [B, T, decisions, D]
+        keep = y.norm(dim=-1) > _quantile(y.norm(dim=-1), rate)  # [B, T, decisions]
+        return (o * keep.repeat_interleave(heads * d, dim=-1),)
+
+    return hook
+
+
+def teal_hook(rate: float):
+    """A forward pre-hook zeroing the entries of a projection's input below its batch's rate-quantile."""
+
+    def hook(module, args):
+        x = args[0]
+        return (x * (x.abs() > _quantile(x.abs(), rate)),)
+
+    return hook
+
+
+def run_attention(args: argparse.Namespace, model, ppl) -> list[dict]:
+    """The attention rows: learned routers (FFN forced to run), then per layer the oracle per KV group and
+    per query head and TEAL-style on q / k / v / o inputs, at the learned per-layer and uniform rates."""
+    rows = [{"method": "dense", "attn_skip": 0.0, "word_ppl": ppl("dense")}]
+    wm = load_routers(model, args.routers)
+    for r in wm.routers:  # the FFN always runs: the attention decisions alone
+        r.ffn.skip_bias.fill_(-1e4)
+    wm.start_meter()
+    learned = ppl("learned attention routers")
+    meter = wm.stop_meter()
+    rate, per_layer = meter["attn_sparsity"], meter["per_layer"]["attn"]
+    wm.detach()
+    attns = [layer.self_attn for layer in model.model.layers]
+    per_group = attns[0].num_key_value_groups  # query heads per KV group: one WIDE decision
+    rows.append({"method": "learned", "routers": args.routers, "heads": per_group, "attn_skip": rate,
+                 "per_layer": per_layer, "word_ppl": learned})  # fmt: skip
+    for alloc, rates in (("learned", per_layer), ("uniform", [rate] * len(attns))):
+        for heads in (per_group, 1):
+            hooks = [
+                a.o_proj.register_forward_pre_hook(oracle_o_hook(a, s_l, heads))
+                for a, s_l in zip(attns, rates, strict=True)
+            ]
+            try:
+                rows.append({"method": "oracle", "allocation": alloc, "heads": heads, "attn_skip": rate,
+                             "word_ppl": ppl(f"oracle per {heads} heads, {alloc} rates")})  # fmt: skip
+            finally:
+                for h in hooks:
+                    h.remove()
+        projs = ("q_proj", "k_proj", "v_proj", "o_proj")
+        hooks = [getattr(a, p).register_forward_pre_hook(teal_hook(s_l))
+                 for a, s_l in zip(attns, rates, strict=True) for p in projs]  # fmt: skip
+        try:
+            rows.append({"method": "teal", "allocation": alloc, "attn_skip": rate,
+                         "word_ppl": ppl(f"teal, {alloc} rates")})  # fmt: skip
+        finally:
+            for h in hooks:
+                h.remove()
+    return rows
+
+
 def run(args: argparse.Namespace) -> dict:
     model, tok = load_model(args.model)
     for mlp in (layer.mlp for layer in model.model.layers):
@@ -95,9 +167,16 @@ def run(args: argparse.Namespace) -> dict:
         )  # fmt: skip
         return res["word_perplexity"]
 
-    rows = []
     t0 = time.time()
-    rows.append({"method": "dense", "ffn_skip": 0.0, "word_ppl": ppl("dense")})
+    command = "python scripts/oracle_granularity.py " + " ".join(
+        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None
+    )
+    meta = {"command": command, "kind": args.kind, "model": args.model, "docs": args.docs,
+            "max_length": args.max_length}  # fmt: skip
+    if args.kind == "attn":
+        rows = run_attention(args, model, ppl)
+        return meta | {"wall_s": time.time() - t0, "rows": rows}
+    rows = [{"method": "dense", "ffn_skip": 0.0, "word_ppl": ppl("dense")}]
     wm = load_routers(model, args.routers)
     for r in wm.routers:  # attention always runs: the FFN decisions alone
         r.attn.skip_bias.fill_(-1e4)
@@ -124,11 +203,7 @@ def run(args: argparse.Namespace) -> dict:
     finally:
         for layer, fwd in zip(model.model.layers, originals, strict=True):
             layer.mlp.forward = fwd
-    command = "python scripts/oracle_granularity.py " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None
-    )
-    return {"command": command, "model": args.model, "docs": args.docs, "max_length": args.max_length,
-            "wall_s": time.time() - t0, "rows": rows}  # fmt: skip
+    return meta | {"wall_s": time.time() - t0, "rows": rows}
 
 
 def write(result: dict, out: Path) -> None:
@@ -136,27 +211,32 @@ def write(result: dict, out: Path) -> None:
     out.write_text(json.dumps(result, indent=1) + "\n")
     rows = result["rows"]
     dense = rows[0]["word_ppl"]
+    attn = result.get("kind") == "attn"
+    what, other, skip = ("attention", "FFN", "attn_skip") if attn else ("FFN", "attention", "ffn_skip")
+    unit = "KV groups' heads" if attn else "intermediate channels"
     lines = [
-        "# Router or granularity: SmolLM2-135M's FFN at one skip rate (CPU, attention dense)",
+        f"# Router or granularity: SmolLM2-135M's {what} at the routers' skip rates (CPU, {other} dense)",
         "",
         f"Command: `{result['command']}` ({result['wall_s']:.0f} s). WikiText-2 word perplexity over the first "
         f"{result['docs']} test documents in {result['max_length']}-token windows. Every row skips the share "
-        "of the FFN's intermediate channels (and so of its FLOPs) that the learned routers skipped on these "
-        "documents: per layer as they did ('learned'), or their mean in every layer ('uniform').",
+        f"of the {what}'s {unit} that the learned routers skipped on these documents: per layer as they did "
+        "('learned'), or their mean in every layer ('uniform').",
         "",
-        "| row | per-layer rates | FFN skipped | word ppl | × dense |",
+        f"| row | per-layer rates | {what} skipped | word ppl | × dense |",
         "|---|---|---|---|---|",
     ]
+    teal = "TEAL-style input thresholds (per channel of each projection's input)"
     for r in rows:
-        name = {"dense": "dense", "teal": "TEAL-style input thresholds (per channel of each projection's input)"}.get(
-            r["method"], ""
-        )
+        name = {"dense": "dense", "teal": teal}.get(r["method"], "")
         if r["method"] == "learned":
-            name = f"learned WIDE routers (`{Path(r['routers']).name}`, G {r['group']})"
+            size = f"{r['heads']} heads" if attn else f"G {r['group']}"
+            name = f"learned WIDE routers (`{Path(r['routers']).name}`, {size})"
+        elif r["method"] == "oracle" and attn:
+            name = f"magnitude oracle, per {r['heads']} query head" + ("s (a KV group)" if r["heads"] > 1 else "")
         elif r["method"] == "oracle":
             name = f"magnitude oracle, G {r['group']}" + (" (per channel)" if r["group"] == 1 else "")
         alloc = {"dense": "-", "learned": "learned"}.get(r["method"], r.get("allocation", ""))
-        lines.append(f"| {name} | {alloc} | {r['ffn_skip']:.3f} | {r['word_ppl']:.2f} | {r['word_ppl'] / dense:.2f} |")
+        lines.append(f"| {name} | {alloc} | {r[skip]:.3f} | {r['word_ppl']:.2f} | {r['word_ppl'] / dense:.2f} |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
@@ -196,7 +276,8 @@ def plot(result: dict, out: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--plot", type=Path, help="plot this result file to --out (a .png) instead of running")
+    ap.add_argument("--plot", type=Path, help="plot this FFN result file to --out (a .png) instead of running")
+    ap.add_argument("--kind", choices=["ffn", "attn"], default="ffn", help="which half of the layer is studied")
     ap.add_argument("--out", type=Path, default=Path("bench/results/smollm2/granularity-cpu.json"))
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--routers", default="src/wide/checkpoints/smollm2-135m-s50")

@@ -61,6 +61,22 @@ def test_teal_zeroes_the_smallest_inputs_of_each_projection():
         torch.testing.assert_close(out, mlp.down_proj(a))
 
 
+def test_attention_oracle_zeroes_the_smallest_head_groups():
+    torch.manual_seed(2)
+    attn = tiny_model("llama", layers=1, hidden=64, heads=4, kv=2, inter=96, seed=0).model.layers[0].self_attn
+    o = torch.randn(1, 6, 64)  # [B, T, Hq * d], d = 16, 2 heads per KV group
+    w = attn.o_proj.weight
+    (got,) = og.oracle_o_hook(attn, 0.5, 2)(attn.o_proj, (o,))
+    y = torch.einsum("bthc,Dhc->bthD", o.view(1, 6, 4, 16), w.view(64, 4, 16)).view(1, 6, 2, 2, 64).sum(3)
+    score = y.norm(dim=-1)  # [1, 6, 2]: 12 (token, group) pairs, 6 skipped
+    keep = score > score.flatten().kthvalue(6).values
+    torch.testing.assert_close(got, o * keep.repeat_interleave(32, dim=-1))
+    (full,) = og.oracle_o_hook(attn, 0.0, 1)(attn.o_proj, (o,))
+    assert torch.equal(full, o)
+    (t,) = og.teal_hook(0.25)(None, (o,))
+    assert (t == 0).float().mean() == 0.25
+
+
 def test_plot_reads_a_result_file(tmp_path):
     rows = [{"method": "dense", "ffn_skip": 0.0, "word_ppl": 10.0},
             {"method": "learned", "routers": "r", "group": 128, "ffn_skip": 0.4, "word_ppl": 40.0}]  # fmt: skip
@@ -74,3 +90,17 @@ def test_plot_reads_a_result_file(tmp_path):
     assert "magnitude oracle, G 1 (per channel) | uniform" in (tmp_path / "g.md").read_text()
     og.plot(result, tmp_path / "g.png")
     assert (tmp_path / "g.png").stat().st_size > 0
+
+
+def test_attention_result_file(tmp_path):
+    rows = [{"method": "dense", "attn_skip": 0.0, "word_ppl": 10.0},
+            {"method": "learned", "routers": "r", "heads": 3, "attn_skip": 0.6, "word_ppl": 20.0},
+            {"method": "oracle", "allocation": "uniform", "heads": 3, "attn_skip": 0.6, "word_ppl": 30.0},
+            {"method": "oracle", "allocation": "uniform", "heads": 1, "attn_skip": 0.6, "word_ppl": 15.0},
+            {"method": "teal", "allocation": "uniform", "attn_skip": 0.6, "word_ppl": 12.0}]  # fmt: skip
+    og.write({"command": "c", "kind": "attn", "docs": 1, "max_length": 64, "wall_s": 1.0, "rows": rows},
+             tmp_path / "a.json")  # fmt: skip
+    md = (tmp_path / "a.md").read_text()
+    assert "attention at the routers' skip rates (CPU, FFN dense)" in md
+    assert "| magnitude oracle, per 3 query heads (a KV group) | uniform | 0.600 | 30.00 | 3.00 |" in md
+    assert "| learned WIDE routers (`r`, 3 heads) | learned | 0.600 | 20.00 | 2.00 |" in md
