@@ -114,18 +114,26 @@ def teal_hook(rate: float):
     return hook
 
 
+def learned_rows(model, routers: str, kind: str, ppl) -> tuple[float, float, list[float], int]:
+    """The checkpoint's ``kind`` routers alone (the other kind's forced to run), on the masked path (on the
+    CPU the served runtime's decisions and logits are the same, docs/routing.md): (word perplexity, skip
+    rate, per-layer skip rates, FFN group size). The model is left without routers."""
+    wm = load_routers(model, routers)
+    other = "ffn" if kind == "attn" else "attn"
+    for r in wm.routers:
+        getattr(r, other).skip_bias.fill_(-1e4)
+    wm.start_meter()
+    word_ppl = ppl(f"learned {kind} routers")
+    meter = wm.stop_meter()
+    wm.detach()
+    return word_ppl, meter[f"{kind}_sparsity"], meter["per_layer"][kind], wm.config.ffn_group_size
+
+
 def run_attention(args: argparse.Namespace, model, ppl) -> list[dict]:
     """The attention rows: learned routers (FFN forced to run), then per layer the oracle per KV group and
     per query head and TEAL-style on q / k / v / o inputs, at the learned per-layer and uniform rates."""
     rows = [{"method": "dense", "attn_skip": 0.0, "word_ppl": ppl("dense")}]
-    wm = load_routers(model, args.routers)
-    for r in wm.routers:  # the FFN always runs: the attention decisions alone
-        r.ffn.skip_bias.fill_(-1e4)
-    wm.start_meter()
-    learned = ppl("learned attention routers")
-    meter = wm.stop_meter()
-    rate, per_layer = meter["attn_sparsity"], meter["per_layer"]["attn"]
-    wm.detach()
+    learned, rate, per_layer, _ = learned_rows(model, args.routers, "attn", ppl)
     attns = [layer.self_attn for layer in model.model.layers]
     per_group = attns[0].num_key_value_groups  # query heads per KV group: one WIDE decision
     rows.append({"method": "learned", "routers": args.routers, "heads": per_group, "attn_skip": rate,
@@ -177,15 +185,8 @@ def run(args: argparse.Namespace) -> dict:
         rows = run_attention(args, model, ppl)
         return meta | {"wall_s": time.time() - t0, "rows": rows}
     rows = [{"method": "dense", "ffn_skip": 0.0, "word_ppl": ppl("dense")}]
-    wm = load_routers(model, args.routers)
-    for r in wm.routers:  # attention always runs: the FFN decisions alone
-        r.attn.skip_bias.fill_(-1e4)
-    wm.start_meter()
-    learned = ppl("learned FFN routers")
-    meter = wm.stop_meter()
-    rate, per_layer = meter["ffn_sparsity"], meter["per_layer"]["ffn"]
-    wm.detach()
-    rows.append({"method": "learned", "routers": args.routers, "group": wm.config.ffn_group_size,
+    learned, rate, per_layer, group = learned_rows(model, args.routers, "ffn", ppl)
+    rows.append({"method": "learned", "routers": args.routers, "group": group,
                  "ffn_skip": rate, "per_layer": per_layer, "word_ppl": learned})  # fmt: skip
     layers = model.model.layers
     originals = [layer.mlp.forward for layer in layers]

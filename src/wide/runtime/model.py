@@ -301,9 +301,8 @@ class WideRuntime:
             self.step = torch.compile(layer_step, dynamic=None)
         from wide.runtime.fused import build_fused_layers, check_fused, fused_unsupported
 
-        if (
-            fused_decode is None
-        ):  # auto: on the GPU wherever the fused layer serves (docs/kernels.md#fused-decode-layer)
+        # auto: on the GPU wherever the fused layer serves (docs/kernels.md#fused-decode-layer)
+        if fused_decode is None:
             fused_decode = p.is_cuda and fused_unsupported(self, max_batch) is None
         self.fused_layers = None  # fused_decode: decode runs wide.runtime.fused (<= 6 launches per layer)
         if fused_decode:
