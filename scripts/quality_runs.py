@@ -68,6 +68,8 @@ class RunSpec:
     # the name of a finished trained row whose stage-1 routers this row's LoRA recovery starts from
     # (instead of calibrating its own copy); the record's tokens and times include that stage
     stage1_from: str | None = None
+    # sequences per step for this row's training stages (None: the driver's --batch-size)
+    batch_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -78,6 +80,8 @@ class RunSpec:
             raise ValueError("teal: LoRA recovery is not implemented (no routers to train)")
         if self.match_flops and (self.method == "dense" or self.attn_target is not None):
             raise ValueError(f"{self.method}: match_flops needs a method with the shared target")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError(f"{self.method}: batch_size must be >= 1, got {self.batch_size}")
         if self.stage1_from and (not self.lora_steps or self.method in ("dense",) + TRAINING_FREE):
             raise ValueError(f"{self.method}: stage1_from needs a trained method with lora_steps")
 
@@ -173,7 +177,7 @@ def run_stage(ckpt: Path, args: list, trained: bool) -> tuple[dict, str, float]:
 
 def calibrate_args(spec: RunSpec, a: argparse.Namespace, out: Path) -> list:
     args = ["calibrate", "--model", a.model, "--method", spec.method, "--out", out]
-    args += ["--steps", spec.steps, "--seq-len", a.seq_len, "--batch-size", a.batch_size]
+    args += ["--steps", spec.steps, "--seq-len", a.seq_len, "--batch-size", spec.batch_size or a.batch_size]
     args += ["--ffn-group-size", spec.ffn_group_size, "--router-rank", a.router_rank]
     args += ["--sparsity-kind", spec.sparsity_kind, "--distill", spec.distill, "--calib-batches", a.calib_batches]
     args += ["--save-every", a.save_every, "--lr", a.lr, "--dtype", a.dtype]
@@ -188,7 +192,8 @@ def calibrate_args(spec: RunSpec, a: argparse.Namespace, out: Path) -> list:
 
 def finetune_args(spec: RunSpec, a: argparse.Namespace, stage1: Path, out: Path) -> list:
     args = ["finetune", "--model", a.model, "--routers", stage1, "--out", out, "--steps", spec.lora_steps]
-    args += ["--seq-len", a.seq_len, "--batch-size", a.batch_size, "--lr", a.lora_lr, "--save-every", a.save_every]
+    args += ["--seq-len", a.seq_len, "--batch-size", spec.batch_size or a.batch_size]
+    args += ["--lr", a.lora_lr, "--save-every", a.save_every]
     args += ["--dtype", a.dtype, "--lora-r", a.lora_r]
     return args + _common(a)
 

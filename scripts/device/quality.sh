@@ -22,8 +22,9 @@
 # Usage (repo root; carry setup.sh's inputs): bash scripts/device/quality.sh [OUT]
 #   SPEC=scripts/device/quality-sweep.json: the 10 / 30 / 70% levels of the sweep figure (same records file)
 #   SPEC="scripts/device/quality-first.json scripts/device/quality-sweep.json": both lists, in that order
-#   SPEC=scripts/device/quality-long.json BATCH=16 JOBS=2: the longer budget (4,000 steps x 16 x 2,048 tokens,
-#     twice the shipped routers'; + 1,000 LoRA steps), several calls (each resumes the latest checkpoints)
+#   SPEC=scripts/device/quality-long.json JOBS=2: the longer budget (4,000 steps x 16 x 2,048 tokens, its rows'
+#     own batch_size; twice the shipped routers'; + 1,000 LoRA steps), several calls (each resumes the latest
+#     checkpoints)
 #   SPEC=scripts/device/quality-skip-lora.json: module skipping + LoRA at 25% (its stage 1 trained again under
 #     a new name: the first run's routers did not come back from the machine)
 # Env (defaults): SPEC (scripts/device/quality-first.json) WORK ($HOME/quality) JOBS (3) BUDGET_S (480)

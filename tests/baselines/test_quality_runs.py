@@ -142,6 +142,13 @@ def test_spec_checks_order_and_device_spec():
     qr.check_specs(specs + sweep + long + skip_lora)  # one records file: new names, LoRA from their own stage 1
     assert [(s.method, s.target, s.steps, s.lora_steps) for s in skip_lora][-1] == ("module-skip", 0.25, 300, 300)
     assert {s.target for s in long} == {0.25, 0.5} and all(s.steps > 10 * 300 for s in long)
+    assert all(s.batch_size == 16 for s in long) and all(s.batch_size is None for s in skip_lora)
+    a = qr.parse_args(["--spec", "x.json", "--out", "q.json", "--batch-size", "8"])
+    for spec, want in ((long[0], 16), (skip_lora[0], 8)):  # a row's own batch size, else the driver's
+        args = [str(x) for x in qr.calibrate_args(spec, a, Path("out"))]
+        assert args[args.index("--batch-size") + 1] == str(want)
+    args = [str(x) for x in qr.finetune_args(long[-1], a, Path("s1"), Path("out"))]
+    assert args[args.index("--batch-size") + 1] == "16"
     assert all(s.stage1_from in {t.key for t in long if not t.lora_steps} for s in long if s.lora_steps)
     levers = {s.name: s for s in specs if s.name.startswith("wide-50-") and not s.lora_steps}
     assert {s.distill for s in levers.values()} == {"none", "kl+lm"} and levers[
