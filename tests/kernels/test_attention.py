@@ -135,6 +135,27 @@ def test_decode_matches_reference(case):
     assert torch.equal(out, routed_attention_decode(q, kc, vc, cache_lens, mask, num_splits=ns))  # deterministic
 
 
+def test_the_runtime_cache_layout_reads_the_same():
+    """The runtime's cache is a [B, S, Hk, d] view of [B, Hk, S, d] storage (StaticCache): decode over the
+    whole cache and prefill over its first T keys read it through the strides, bit for bit as contiguous."""
+    gen = torch.Generator().manual_seed(5)
+    b, s, hq, hk, d = 3, 50, 6, 2, 32
+    q, kc, vc = _qkv(b, 1, s, hq, hk, d, torch.float32, gen)
+    gk, gv = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (kc, vc))
+    assert gk.stride(1) == d and gk.stride(2) == s * d
+    lens = torch.tensor([50, 17, 1], dtype=torch.int32, device=DEV)
+    mask = _mask((b, hk), "random", gen)
+    mask[0] = True
+    for ns in (None, 3):
+        out = routed_attention_decode(q[:, 0], kc, vc, lens, mask, num_splits=ns)
+        assert torch.equal(out, routed_attention_decode(q[:, 0], gk, gv, lens, mask, num_splits=ns))
+    t = 21
+    qp = torch.randn(b, t, hq, d, generator=gen).to(DEV)
+    pmask = _mask((b, t, hk), "random", gen)
+    out = routed_attention_prefill(qp, kc[:, :t], vc[:, :t], pmask)
+    assert torch.equal(out, routed_attention_prefill(qp, gk[:, :t], gv[:, :t], pmask))
+
+
 def test_decode_ignores_garbage_beyond_length():
     gen = torch.Generator().manual_seed(3)
     q = torch.randn(2, 4, 16, generator=gen)
@@ -230,6 +251,8 @@ def test_gpu_decode_bf16(hq, hk, d, ns):
     out = routed_attention_decode(q, kc, vc, lens, mask, num_splits=ns)
     ref32 = attention_decode_ref(q, kc, vc, lens, mask)
     _check(out, ref32, attention_decode_ref(q, kc, vc, lens, mask, upcast=False))
+    gk, gv = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (kc, vc))  # the runtime's storage
+    assert torch.equal(out, routed_attention_decode(q, gk, gv, lens, mask, num_splits=ns))
 
 
 @gpu

@@ -30,6 +30,11 @@ def _to(dev, *ts):
     return [None if t is None else t.to(dev) for t in ts]
 
 
+def _grouped(t: torch.Tensor) -> torch.Tensor:
+    """A cache [B, S, Hk, d] with the runtime's storage, [B, Hk, S, d] (StaticCache), same values."""
+    return t.transpose(1, 2).contiguous().transpose(1, 2)
+
+
 @pytest.mark.parametrize("b", [1, 3, 16])
 def test_norm_matches_torch(kernel_device, b):
     torch.manual_seed(b)
@@ -40,17 +45,17 @@ def test_norm_matches_torch(kernel_device, b):
 
 
 @pytest.mark.parametrize(
-    ("hq", "hk", "d", "b", "mode", "qk_norm", "bias"),
+    ("hq", "hk", "d", "b", "mode", "qk_norm", "bias", "grouped"),
     [
-        (6, 2, 64, 1, "all", False, False),  # GQA 3
-        (8, 2, 64, 3, "random", False, True),  # GQA 4, Qwen2-style bias
-        (7, 1, 64, 2, "none", False, False),  # GQA 7
-        (4, 2, 64, 16, "random", True, False),  # Qwen3 q/k norm
-        (4, 1, 32, 1, "dense", False, False),
-        pytest.param(4, 2, 128, 2, "random", False, False, marks=pytest.mark.slow),
+        (6, 2, 64, 1, "all", False, False, False),  # GQA 3
+        (8, 2, 64, 3, "random", False, True, True),  # GQA 4, Qwen2-style bias; the runtime's cache layout
+        (7, 1, 64, 2, "none", False, False, False),  # GQA 7
+        (4, 2, 64, 16, "random", True, False, True),  # Qwen3 q/k norm
+        (4, 1, 32, 1, "dense", False, False, False),
+        pytest.param(4, 2, 128, 2, "random", False, False, False, marks=pytest.mark.slow),
     ],
 )
-def test_qkv_rope_cache(kernel_device, hq, hk, d, b, mode, qk_norm, bias):
+def test_qkv_rope_cache(kernel_device, hq, hk, d, b, mode, qk_norm, bias, grouped):
     torch.manual_seed(hq * 31 + b)
     dm = 80
     n = (hq + 2 * hk) * d
@@ -61,6 +66,8 @@ def test_qkv_rope_cache(kernel_device, hq, hk, d, b, mode, qk_norm, bias):
     cos, sin = _rope(b, d, pos)
     mask = None if mode == "dense" else _mask(mode, b, hk, seed=b)
     kc, vc = torch.randn(b + 1, 6, hk, d), torch.randn(b + 1, 6, hk, d)
+    if grouped:
+        kc, vc = _grouped(kc), _grouped(vc)
     kc_ref, vc_ref = kc.clone(), vc.clone()
     q_ref = FD.qkv_rope_cache_ref(h, w, bq, cos, sin, pos, kc_ref, vc_ref, hq, qn, kn, 1e-6)
     if mask is not None:  # Q rows of groups no token runs must not be read: poison them
@@ -98,8 +105,11 @@ def test_attention_merged(kernel_device, hq, hk, b, mode, splits):
     q, kc, vc, lens, mask = _to(kernel_device, q, kc, vc, lens, mask)
     out = FD.attention_decode_merged(q, kc, vc, lens, mask, len_add=1, num_splits=splits)
     torch.testing.assert_close(out.cpu(), ref, rtol=1e-4, atol=1e-4)
-    # deterministic: a repeat is bit-identical (fixed merge order whatever the arrival order)
+    # deterministic: a repeat is bit-identical (fixed merge order whatever the arrival order), and so is the
+    # same cache in the runtime's [B, Hk, S, d] storage (the kernel reads through the strides)
     assert torch.equal(out, FD.attention_decode_merged(q, kc, vc, lens, mask, len_add=1, num_splits=splits))
+    grouped = FD.attention_decode_merged(q, _grouped(kc), _grouped(vc), lens, mask, len_add=1, num_splits=splits)
+    assert torch.equal(out, grouped)
 
 
 @pytest.mark.parametrize(
@@ -180,6 +190,10 @@ def test_rejects_bad_input():
     with pytest.raises(ValueError, match="1 <= B <= 16"):
         FD.fused_rms_norm(x, torch.ones(8), 1e-5)
     h = torch.randn(2, 8)
+    kc = torch.randn(2, 32, 1, 5).transpose(1, 3)  # [B, S, Hk, d] whose d is not the unit-stride dimension
+    with pytest.raises(ValueError, match="contiguous d"):
+        FD.attention_decode_merged(torch.randn(2, 2, 32), kc, kc, torch.ones(2, dtype=torch.int32),
+                                   torch.ones(2, 1, dtype=torch.bool))  # fmt: skip
     with pytest.raises(ValueError, match="multiple of 16"):
         FD.ffn_residual_norm(h, torch.randn(24, 8), torch.randn(24, 8), torch.randn(8, 24), None, h, h[0], 1e-5, 12)
 
@@ -207,7 +221,8 @@ def test_ffn_bf16_rule_on_gpu(b, mode):
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("b", [1, 16])
-def test_qkv_attention_o_bf16_rule_on_gpu(b):
+@pytest.mark.parametrize("grouped", [False, True])
+def test_qkv_attention_o_bf16_rule_on_gpu(b, grouped):
     torch.manual_seed(b)
     dev, dm, hq, hk, d, s = "cuda", 4096, 32, 8, 128, 4096
     h = torch.randn(b, dm, device=dev)
@@ -219,6 +234,8 @@ def test_qkv_attention_o_bf16_rule_on_gpu(b):
     mask[0, 0] = True  # some group runs
     kc = torch.randn(b, s, hk, d, device=dev)
     vc = torch.randn(b, s, hk, d, device=dev)
+    if grouped:  # the runtime's [B, Hk, S, d] storage
+        kc, vc = _grouped(kc), _grouped(vc)
     kc32, vc32 = kc.clone(), vc.clone()
     q32 = FD.qkv_rope_cache_ref(h, w, None, cos, sin, pos, kc32, vc32, hq)
     k_lp, v_lp = kc.bfloat16(), vc.bfloat16()

@@ -936,6 +936,13 @@ def _check_batch(t: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name} must be contiguous")
 
 
+def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    """Caches [B_max, S, Hk, d] of any layout whose head_dim is contiguous (the kernels take the other strides)."""
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError(f"caches must be [B, S, Hk, d] with contiguous d, got {tuple(k_cache.shape)} "
+                         f"strides {k_cache.stride()} / {tuple(v_cache.shape)} strides {v_cache.stride()}")  # fmt: skip
+
+
 def _check_mask(mask: torch.Tensor | None, b: int, ng: int, name: str) -> None:
     if mask is not None and (mask.dtype != torch.bool or tuple(mask.shape) != (b, ng)):
         raise ValueError(f"{name} must be a bool [B, N_G] = [{b}, {ng}] mask, got {mask.dtype} {tuple(mask.shape)}")
@@ -972,6 +979,7 @@ def qkv_rope_cache(
         raise ValueError(f"w_qkv {tuple(w_qkv.shape)} is not a contiguous [(Hq + 2 Hk) d, D] matrix")
     if hd % 32 or n_q % hk:
         raise ValueError(f"head_dim {hd} must be a multiple of 32 and Hq {n_q} a multiple of Hk {hk}")
+    _check_cache(k_cache, v_cache)
     if (q_norm is None) != (k_norm is None):
         raise ValueError("q_norm and k_norm come together (Qwen3)")
     if cos.shape != (h.shape[0], hd) or sin.shape != cos.shape:
@@ -996,6 +1004,7 @@ def attention_decode_merged(
     if not q.is_contiguous() or b > MAX_BATCH:
         raise ValueError(f"q must be contiguous [B <= {MAX_BATCH}, Hq, d], got {tuple(q.shape)}")
     _check_mask(mask, b, k_cache.shape[2], "mask")
+    _check_cache(k_cache, v_cache)
     ns = attn_num_splits(b, k_cache.shape[2], k_cache.shape[1], _sms(q)) if num_splits is None else num_splits
     ns = _ov("attn_splits", ns)
     if interpret_mode() and num_splits is None:
