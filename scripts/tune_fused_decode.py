@@ -3,9 +3,8 @@
     python scripts/tune_fused_decode.py --out $OUT        # -> $OUT/fused-tune-h200.json and .md
 
 Llama-3.1-8B layer shapes (D 4,096, Hq 32, Hk 8, d 128, D' 14,336, FFN groups of 128), bf16, random
-weights. For each kernel (QKV + RoPE + cache write, decode attention over CTX cached keys in the runtime's
-cache layout (``attn-bshd``: the same over contiguous [B, S, Hk, d] caches), O + residual + norm, the FFN;
-the router of rank 32 over the FFN's groups) and each launch configuration
+weights. For each kernel (QKV + RoPE + cache write, decode attention over CTX cached keys, O + residual +
+norm, the FFN; the router of rank 32 over the FFN's groups) and each launch configuration
 (``wide.kernels.fused_decode.launch_overrides``; the router: ``router_decisions(config=...)``), B 1 and 16,
 dense (no mask) and routed (each token runs a random half of the groups): the time per call
 (``wide.bench.timing.time_calls``: a CUDA graph of back-to-back calls on rotated weight copies larger than
@@ -20,7 +19,6 @@ listed in the .md.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import time
@@ -35,7 +33,6 @@ from wide.bench.timing import time_calls as _time_calls
 from wide.kernels import fused_decode as FD
 from wide.kernels.attention_reference import attention_decode_ref
 from wide.kernels.router import default_config, router_margin_kernel, router_margin_ref
-from wide.runtime import StaticCache
 
 D, HQ, HK, HD, DF, G, CTX, RANK = 4096, 32, 8, 128, 14336, 128, 4096, 32
 DEV, DTYPE = "cuda", torch.bfloat16
@@ -169,17 +166,11 @@ def ffn_case(b: int, routed: bool, gen: torch.Generator):
     return call, 1, check, 3 * DF * D * 2 * active, dense, 3 * DF * D * 2
 
 
-def attn_case(b: int, routed: bool, gen: torch.Generator, layout: str = "runtime"):
-    """layout "runtime": the caches as the runtime holds them (StaticCache: [B, S, Hk, d] views of
-    [B, Hk, S, d] storage); "bshd": contiguous [B, S, Hk, d] (the layout before)."""
+def attn_case(b: int, routed: bool, gen: torch.Generator):
     s_max = CTX + 8
     n_copies = copies_for(2 * b * s_max * HK * HD * 2)
-
-    def cache() -> torch.Tensor:
-        t = torch.randn(b, s_max, HK, HD, device=DEV, dtype=DTYPE)
-        return StaticCache.empty(1, b, s_max, HK, HD, DTYPE, DEV).k[0].copy_(t) if layout == "runtime" else t
-
-    caches = [(cache(), cache()) for _ in range(n_copies)]
+    caches = [(torch.randn(b, s_max, HK, HD, device=DEV, dtype=DTYPE), torch.randn(b, s_max, HK, HD, device=DEV,
+               dtype=DTYPE)) for _ in range(n_copies)]  # fmt: skip
     q = torch.randn(b, HQ, HD, device=DEV, dtype=DTYPE)
     lens = torch.full((b,), CTX, device=DEV, dtype=torch.int32)
     mask = rand_mask(b, HK, routed, gen)
@@ -226,13 +217,12 @@ def router_case(b: int, routed: bool, gen: torch.Generator):
 CASES = {
     "qkv": (qkv_case, QKV),
     "attn": (attn_case, ATTN),
-    "attn-bshd": (functools.partial(attn_case, layout="bshd"), ATTN),
     "o": (o_case, O_PROJ),
     "ffn": (ffn_case, FFN),
     "router": (router_case, ROUTER),
 }
 # the second pass, on the best configuration (default: STREAM)
-STREAMS = {"attn": ATTN_WARPS, "attn-bshd": ATTN_WARPS, "router": [{"num_stages": n} for n in (1, 2, 4)]}
+STREAMS = {"attn": ATTN_WARPS, "router": [{"num_stages": n} for n in (1, 2, 4)]}
 
 
 def main() -> None:

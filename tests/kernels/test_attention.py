@@ -135,9 +135,9 @@ def test_decode_matches_reference(case):
     assert torch.equal(out, routed_attention_decode(q, kc, vc, cache_lens, mask, num_splits=ns))  # deterministic
 
 
-def test_the_runtime_cache_layout_reads_the_same():
-    """The runtime's cache is a [B, S, Hk, d] view of [B, Hk, S, d] storage (StaticCache): decode over the
-    whole cache and prefill over its first T keys read it through the strides, bit for bit as contiguous."""
+def test_a_strided_cache_reads_the_same():
+    """A cache [B, S, Hk, d] held as a view of [B, Hk, S, d] storage: decode over the whole cache and prefill
+    over its first T keys read it through the strides, bit for bit as the contiguous one."""
     gen = torch.Generator().manual_seed(5)
     b, s, hq, hk, d = 3, 50, 6, 2, 32
     q, kc, vc = _qkv(b, 1, s, hq, hk, d, torch.float32, gen)
@@ -251,7 +251,7 @@ def test_gpu_decode_bf16(hq, hk, d, ns):
     out = routed_attention_decode(q, kc, vc, lens, mask, num_splits=ns)
     ref32 = attention_decode_ref(q, kc, vc, lens, mask)
     _check(out, ref32, attention_decode_ref(q, kc, vc, lens, mask, upcast=False))
-    gk, gv = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (kc, vc))  # the runtime's storage
+    gk, gv = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (kc, vc))  # [B, Hk, S, d] storage
     assert torch.equal(out, routed_attention_decode(q, gk, gv, lens, mask, num_splits=ns))
 
 

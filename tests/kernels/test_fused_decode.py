@@ -31,7 +31,7 @@ def _to(dev, *ts):
 
 
 def _grouped(t: torch.Tensor) -> torch.Tensor:
-    """A cache [B, S, Hk, d] with the runtime's storage, [B, Hk, S, d] (StaticCache), same values."""
+    """The same cache [B, S, Hk, d] (same values) as a view of [B, Hk, S, d] storage: the ops take strides."""
     return t.transpose(1, 2).contiguous().transpose(1, 2)
 
 
@@ -48,7 +48,7 @@ def test_norm_matches_torch(kernel_device, b):
     ("hq", "hk", "d", "b", "mode", "qk_norm", "bias", "grouped"),
     [
         (6, 2, 64, 1, "all", False, False, False),  # GQA 3
-        (8, 2, 64, 3, "random", False, True, True),  # GQA 4, Qwen2-style bias; the runtime's cache layout
+        (8, 2, 64, 3, "random", False, True, True),  # GQA 4, Qwen2-style bias; a strided cache
         (7, 1, 64, 2, "none", False, False, False),  # GQA 7
         (4, 2, 64, 16, "random", True, False, True),  # Qwen3 q/k norm
         (4, 1, 32, 1, "dense", False, False, False),
@@ -106,7 +106,7 @@ def test_attention_merged(kernel_device, hq, hk, b, mode, splits):
     out = FD.attention_decode_merged(q, kc, vc, lens, mask, len_add=1, num_splits=splits)
     torch.testing.assert_close(out.cpu(), ref, rtol=1e-4, atol=1e-4)
     # deterministic: a repeat is bit-identical (fixed merge order whatever the arrival order), and so is the
-    # same cache in the runtime's [B, Hk, S, d] storage (the kernel reads through the strides)
+    # same cache in [B, Hk, S, d] storage (the kernel reads through the strides)
     assert torch.equal(out, FD.attention_decode_merged(q, kc, vc, lens, mask, len_add=1, num_splits=splits))
     grouped = FD.attention_decode_merged(q, _grouped(kc), _grouped(vc), lens, mask, len_add=1, num_splits=splits)
     assert torch.equal(out, grouped)
@@ -234,7 +234,7 @@ def test_qkv_attention_o_bf16_rule_on_gpu(b, grouped):
     mask[0, 0] = True  # some group runs
     kc = torch.randn(b, s, hk, d, device=dev)
     vc = torch.randn(b, s, hk, d, device=dev)
-    if grouped:  # the runtime's [B, Hk, S, d] storage
+    if grouped:  # [B, Hk, S, d] storage
         kc, vc = _grouped(kc), _grouped(vc)
     kc32, vc32 = kc.clone(), vc.clone()
     q32 = FD.qkv_rope_cache_ref(h, w, None, cos, sin, pos, kc32, vc32, hq)

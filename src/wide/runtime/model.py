@@ -48,9 +48,7 @@ from wide.model.wide_model import WideModel, decoder_layers
 
 @dataclass
 class StaticCache:
-    """k, v: [L, B, S, Hk, d] views of [L, B, Hk, S, d] storage; lens: [B] int32 — tokens already in the
-    cache per sequence. Invariant: one KV group's keys of one sequence are contiguous, so decode attention
-    streams them (docs/kernels.md#kv-cache-layout); every kernel reads the cache through its strides."""
+    """k, v: [L, B, S, Hk, d]; lens: [B] int32 — tokens already in the cache per sequence."""
 
     k: torch.Tensor
     v: torch.Tensor
@@ -58,9 +56,9 @@ class StaticCache:
 
     @classmethod
     def empty(cls, n_layers: int, batch: int, max_seq: int, n_kv: int, head_dim: int, dtype, device):
-        shape = (n_layers, batch, n_kv, max_seq, head_dim)
-        k, v = (torch.zeros(shape, dtype=dtype, device=device).transpose(2, 3) for _ in range(2))
-        return cls(k, v, torch.zeros(batch, dtype=torch.int32, device=device))
+        shape = (n_layers, batch, max_seq, n_kv, head_dim)
+        z = torch.zeros(shape, dtype=dtype, device=device)
+        return cls(z, torch.zeros_like(z), torch.zeros(batch, dtype=torch.int32, device=device))
 
     def reset(self) -> None:
         self.lens.zero_()
