@@ -649,7 +649,7 @@ def build_parser() -> argparse.ArgumentParser:
     gn.add_argument(
         "--fused-decode",
         action=argparse.BooleanOptionalAction,
-        help="decode through the fused decode layer (<= 6 launches per layer; default: on a GPU where it serves)",
+        help="decode through the fused decode layer (4 launches per layer; default: on a GPU where it serves)",
     )
     gn.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     gn.add_argument("--device", help=DEVICE_HELP)

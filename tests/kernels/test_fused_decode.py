@@ -175,6 +175,80 @@ def test_router_on_the_kernels_h_is_router_decisions(kernel_device):
     assert torch.equal(m.cpu(), router_decisions(h.cpu(), wdn, wm, bm))
 
 
+def _router(dm: int, r: int, ng: int, h: torch.Tensor, near_zero: bool, seed: int):
+    """A folded router (W_down [r, D], fp32 W_margin [ng, r], fp32 b [ng]); near_zero: the bias puts token 0's
+    margins within rounding of 0, where any change of arithmetic would flip a decision."""
+    from wide.kernels.router import default_config, router_margin_kernel
+
+    g = torch.Generator().manual_seed(seed)
+    wdn = (torch.randn(r, dm, generator=g) / dm**0.5).to(h.dtype).to(h.device)
+    wm, bm = torch.randn(ng, r, generator=g).to(h.device), torch.randn(ng, generator=g).to(h.device)
+    if near_zero:
+        m0 = router_margin_kernel(h[:1], wdn, wm, torch.zeros_like(bm), config=default_config(dm))[0]
+        bm = -m0  # token 0's margins: 0 up to the head's rounding
+    return wdn, wm, bm
+
+
+@pytest.mark.parametrize(
+    ("hq", "hk", "d", "b", "dm", "near_zero"),
+    [
+        (6, 2, 64, 1, 80, False),  # one router split
+        (8, 2, 32, 3, 1040, True),  # two splits, D not a multiple of the split width
+        (7, 1, 32, 16, 96, True),
+    ],
+)
+def test_router_qkv_decides_as_router_decisions(kernel_device, hq, hk, d, b, dm, near_zero):
+    """The attention decision taken inside the QKV launch is router_decisions' (bit for bit: the same
+    program), and q / K / V equal qkv_rope_cache's given that mask; a repeat is identical."""
+    from wide.kernels.router import default_config
+
+    torch.manual_seed(hq + b)
+    n = (hq + 2 * hk) * d
+    h, w = _to(kernel_device, torch.randn(b, dm), torch.randn(n, dm) / dm**0.5)
+    router = _router(dm, 8, hk, h, near_zero, seed=b)
+    pos = torch.randint(0, 5, (b,))
+    cos, sin = _rope(b, d, pos)
+    pos, cos, sin = _to(kernel_device, pos, cos, sin)
+    kc, vc = _to(kernel_device, torch.randn(b + 1, 6, hk, d), torch.randn(b + 1, 6, hk, d))
+    kc2, vc2 = kc.clone(), vc.clone()
+    want = router_decisions(h, *router, config=default_config(dm))
+    q, mask = FD.router_qkv_rope_cache(h, w, None, router, cos, sin, pos, kc, vc, hq)
+    assert mask.dtype == torch.bool and torch.equal(mask, want)
+    q_ref = FD.qkv_rope_cache(h, w, None, want, cos, sin, pos, kc2, vc2, hq)
+    run = mask.any(0).repeat_interleave(hq // hk)
+    assert torch.equal(q[:, run], q_ref[:, run]) and torch.equal(kc, kc2) and torch.equal(vc, vc2)
+    q2, mask2 = FD.router_qkv_rope_cache(h, w, None, router, cos, sin, pos, kc, vc, hq)  # counters left at 0
+    assert torch.equal(mask2, mask) and torch.equal(q2[:, run], q[:, run])
+
+
+@pytest.mark.parametrize(
+    ("df", "g", "b", "dm", "near_zero"),
+    [
+        (48, 16, 1, 40, False),
+        (80, 16, 3, 1040, True),
+        (96, 48, 16, 40, True),
+    ],
+)
+def test_router_ffn_decides_as_router_decisions(kernel_device, df, g, b, dm, near_zero):
+    """The FFN decision taken inside the FFN launch is router_decisions', and x'' / h'' equal
+    ffn_residual_norm's given that mask; a repeat is identical."""
+    from wide.kernels.router import default_config
+
+    torch.manual_seed(df + b)
+    h, x = _to(kernel_device, torch.randn(b, dm), torch.randn(b, dm))
+    wg, wu, wd = _to(kernel_device, torch.randn(df, dm) / dm**0.5, torch.randn(df, dm) / dm**0.5,
+                     torch.randn(dm, df) / df**0.5)  # fmt: skip
+    (nw,) = _to(kernel_device, torch.rand(dm) + 0.5)
+    router = _router(dm, 8, df // g, h, near_zero, seed=b)
+    want = router_decisions(h, *router, config=default_config(dm))
+    xo, hn, mask = FD.router_ffn_residual_norm(h, wg, wu, wd, router, x, nw, 1e-5, g)
+    assert mask.dtype == torch.bool and torch.equal(mask, want)
+    xr, hr = FD.ffn_residual_norm(h, wg, wu, wd, want, x, nw, 1e-5, g)
+    assert torch.equal(xo, xr) and torch.equal(hn, hr)
+    xo2, hn2, mask2 = FD.router_ffn_residual_norm(h, wg, wu, wd, router, x, nw, 1e-5, g)
+    assert torch.equal(mask2, mask) and torch.equal(xo2, xo) and torch.equal(hn2, hn)
+
+
 def test_rejects_bad_input():
     x = torch.randn(17, 8)
     with pytest.raises(ValueError, match="1 <= B <= 16"):

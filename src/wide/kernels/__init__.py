@@ -7,8 +7,8 @@ that route and read its plan:
   attention: routed_gemm_mn (Q) -> routed_attention_prefill / _decode -> routed_gemm_k (O)
   FFN:       routed_swiglu (gate+up, fused) -> routed_gemm_k (down)
 The decisions themselves: router_margin / router_decisions, the one decision rule (docs/routing.md).
-Decode (B <= 16) can run a whole decoder layer through the fused kernels of `fused_decode`
-(`WideRuntime(fused_decode=True)`).
+Decode (B <= 16) runs a whole decoder layer through the four fused kernels of `fused_decode` (the
+runtime's default on a GPU), the routers deciding inside the QKV and FFN launches.
 Every op is a `torch.library` custom op in the `wide::` namespace (torch.compile / CUDA-graph safe, no
 host syncs); on CPU tensors the torch reference runs unless TRITON_INTERPRET=1.
 """
@@ -21,6 +21,8 @@ from wide.kernels.fused_decode import (
     fused_rms_norm,
     o_proj_residual_norm,
     qkv_rope_cache,
+    router_ffn_residual_norm,
+    router_qkv_rope_cache,
 )
 from wide.kernels.gemm_k import routed_gemm_k
 from wide.kernels.gemm_mn import routed_gemm_mn, routed_swiglu
@@ -94,8 +96,10 @@ __all__ = [
     "route_mask",
     "router_decisions",
     "router_decisions_ref",
+    "router_ffn_residual_norm",
     "router_margin",
     "router_margin_ref",
+    "router_qkv_rope_cache",
     "routed_attention_decode",
     "routed_attention_prefill",
     "routed_gemm_k",

@@ -1,25 +1,27 @@
-"""A fused decode layer: the decoder layer of one decode step in four kernels (+ two router launches).
+"""A fused decode layer: the decoder layer of one decode step in four kernels, routers included.
 
 At decode (M = B tokens, B 1..16) every kernel here reads its weights once, skipping the groups that no
 token of the batch runs (the union of the batch's masks), and reduces across programs inside the kernel
 in a fixed order (deterministic, no second "sum the splits" launch). Per decoder layer (docs/kernels.md,
 "Fused decode layer"):
 
-  [router_decisions(h)]      attention mask [B, Hk]            (wide.kernels.router, routed only)
-  qkv_rope_cache             [Q; K; V] GEMV (Q heads of groups no token runs: skipped), + bias,
+  [router_]qkv_rope_cache    (routed: the attention decision [B, Hk] first, by the router's own program)
+                             [Q; K; V] GEMV (Q heads of groups no token runs: skipped), + bias,
                              Qwen3 q/k RMSNorm, RoPE; Q -> q [B, Hq, d], K/V -> the cache at pos
   attention_decode_merged    split-KV decode attention; the last split of a (token, group) to finish
                              merges the splits (log-sum-exp, split order)
   o_proj_residual_norm       x + O·o (+ bias) -> x'; the last program normalises x' -> h' (next norm)
-  [router_decisions(h')]     FFN mask [B, G]                    (routed only)
-  ffn_residual_norm          producers: gate/up -> SwiGLU per (group, channel chunk) into an [B, D']
-                             scratch; consumers: down + residual per output tile once every producer
-                             arrived; the last consumer normalises x'' with the next norm's weight
+  [router_]ffn_residual_norm (routed: the FFN decision [B, G] first) producers: gate/up -> SwiGLU per
+                             (group, channel chunk) into an [B, D'] scratch; consumers: down + residual
+                             per output tile once every producer arrived; the last consumer normalises x''
+                             with the next norm's weight
 
-The routers stay the project's own op on the normed h that these kernels write, so a decision is the
-one ``router_decisions`` takes on that h (``wide.kernels.router``). The normalisation itself is this
-module's ``_norm_rows`` (fp32 inside, rounded to the model dtype, times the weight, as
-``rms_norm_ref``); its reduction order is the kernel's, so h equals torch's up to fp32
+A decision is the one ``router_decisions`` takes on the normed h these kernels write: the ``router_``
+variants run ``wide.kernels.router.router_program`` (the router kernel's body) on their first tickets
+with the router kernel's constants and warps, so the mask is that op's bit for bit; the programs that
+need it wait for a flag its last program raises (K/V tiles, which need none, go first). The
+normalisation itself is this module's ``_norm_rows`` (fp32 inside, rounded to the model dtype, times the
+weight, as ``rms_norm_ref``); its reduction order is the kernel's, so h equals torch's up to fp32
 rounding of the mean (see tests/kernels/test_fused_decode.py).
 
 The FFN's producer/consumer split is one launch: every program draws a ticket (an atomic counter) and
@@ -53,6 +55,8 @@ from ._triton_utils import (
     pdl_launch,
     use_triton,
 )
+from .router import program_config as router_program_config
+from .router import router_decisions
 
 if HAS_TRITON:
     import triton
@@ -60,6 +64,7 @@ if HAS_TRITON:
 
     from ._split_reduce import arrive, sum_partials
     from ._triton_utils import pdl_begin
+    from .router import router_program
 
 MAX_BATCH = 16  # decode only: one 16-row tensor-core tile holds the batch
 
@@ -67,7 +72,8 @@ MAX_BATCH = 16  # decode only: one 16-row tensor-core tile holds the batch
 @dataclass(frozen=True)
 class LaunchOverrides:
     """Launch shapes that replace this module's shape rules (None: the rule), for GPU sweeps
-    (``launch_overrides``). block_k / num_warps / num_stages: the weight-streaming loops; qkv_slices: row
+    (``launch_overrides``). block_k / num_warps / num_stages: the weight-streaming loops (num_warps not in
+    the ``router_`` launches: they run the router kernel's warps, which its decisions depend on); qkv_slices: row
     slices per head; *_splits: K splits (powers of two); o_block_n / ffn_block_n: output columns per tile;
     ffn_chunk: channels per FFN producer; norm_tile: elements per step of the norm tails; attn_splits: KV
     splits of decode attention (any count), attn_block_n: keys per step (a power of two >= 16), attn_warps."""
@@ -216,25 +222,37 @@ def ffn_residual_norm_ref(
 if HAS_TRITON:
 
     @triton.jit
-    def _any_row(mask_ptr, g, B, NG, BM: tl.constexpr):
-        """True when some token b < B runs group g (mask [B, NG] uint8)."""
+    def _any_row(mask_ptr, g, B, NG, BM: tl.constexpr, CG: tl.constexpr = False):
+        """True when some token b < B runs group g (mask [B, NG] uint8). CG: the mask was written by another
+        program of the same kernel (read past L1)."""
         offs = tl.arange(0, BM)
-        m = tl.load(mask_ptr + offs * NG + g, mask=offs < B, other=0)
+        if CG:
+            m = tl.load(mask_ptr + offs * NG + g, mask=offs < B, other=0, cache_modifier=".cg")
+        else:
+            m = tl.load(mask_ptr + offs * NG + g, mask=offs < B, other=0)
         return tl.max(m.to(tl.int32), 0) > 0
+
+    @triton.jit
+    def _wait_for(cnt_ptr, n):
+        """Spin until the counter reaches n (acquire: what was written before its release is visible)."""
+        done = tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu")
+        while done < n:
+            done = tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu")
 
     @triton.jit
     def _routed_k_loop(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k_lo, k_hi, K, mask_ptr, B, NG, G,
                        ROUTED: tl.constexpr, BM: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr,
-                       CG: tl.constexpr):  # fmt: skip
+                       CG: tl.constexpr, MASK_CG: tl.constexpr = False):  # fmt: skip
         """acc [BM, BLOCK_N] += a[:, k] W[n, k]^T for k in [k_lo, k_hi) (a: [B, K], W: [N, K], row-major),
         reading no column of a group no token runs. BLOCK_K divides the group width G and k_lo is a multiple
         of BLOCK_K, so a step lies in one group and its predicate is one scalar (the loads stay vectorised
-        and the loop pipelined)."""
+        and the loop pipelined). CG / MASK_CG: a / the mask were written earlier in the same kernel."""
         for k0 in range(k_lo, k_hi, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             in_k = offs_k < k_hi
             if ROUTED:
-                in_k = in_k & (tl.zeros([BLOCK_K], tl.int32) + _any_row(mask_ptr, k0 // G, B, NG, BM).to(tl.int32) > 0)
+                run = _any_row(mask_ptr, k0 // G, B, NG, BM, MASK_CG).to(tl.int32)
+                in_k = in_k & (tl.zeros([BLOCK_K], tl.int32) + run > 0)
             am = in_m[:, None] & in_k[None, :]
             if CG:  # written earlier in the same kernel by other programs
                 a = tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=am, other=0.0, cache_modifier=".cg")
@@ -327,10 +345,16 @@ if HAS_TRITON:
         kc_ptr,  # [B_max, S, HK, HEAD_D] (strided)
         vc_ptr,
         part_ptr,  # [KS, n_tiles, 2, BM, HEAD_D // 2 // RS] fp32 split partials (KS > 1) or dummy
-        cnt_ptr,  # n_tiles counters: splits arrived per (head, slice)
+        cnt_ptr,  # n_tiles counters: splits arrived per (head, slice); FOLD: 4 more (see below)
+        rwd_ptr,  # FOLD: the attention router's [R, D] projection (h's dtype), else dummy
+        rwm_ptr,  # FOLD: [HK, R] fp32 margin head
+        rbm_ptr,  # FOLD: [HK] fp32 margin bias
+        rws_ptr,  # FOLD: the router's fp32 split partials
         B,
         D,
         K_CHUNK,
+        N_TILES,  # (head, slice) tiles
+        R,  # FOLD: router rank
         qk_eps,
         s_kb, s_ks, s_kh, s_vb, s_vs, s_vh,
         KS: tl.constexpr,  # K splits
@@ -345,15 +369,66 @@ if HAS_TRITON:
         BLOCK_K: tl.constexpr,
         PREC: tl.constexpr,
         PDL: tl.constexpr,
+        FOLD: tl.constexpr = False,  # the attention router runs in this kernel and writes mask_ptr
+        R_PREC: tl.constexpr = "ieee", R_BLOCK_M: tl.constexpr = 16, R_BLOCK_R: tl.constexpr = 16,
+        R_BLOCK_D: tl.constexpr = 128, R_BLOCK_G: tl.constexpr = 16, R_SPLITS: tl.constexpr = 1,
     ):  # fmt: skip
+        """One program per (head, row slice, K split). FOLD: the first R_SPLITS tickets run the router
+        (``router_program``, the router kernel's constexprs) and its last one raises a flag once the mask
+        is written; then K/V tiles, which need no mask; Q tiles last, each waiting for the flag (the router's
+        programs hold earlier tickets, so the wait cannot deadlock). The last Q program past the flag
+        resets the four control counters [ticket, router arrivals, flag, Q programs past it]."""
         pdl_begin(PDL)
-        pid = tl.program_id(0)
-        tile = pid // KS  # (head, slice)
-        head = tile // RS
-        s = tile % RS
         HPG: tl.constexpr = HQ // HK
+        n_heads: tl.constexpr = HQ + 2 * HK
+        if FOLD:
+            ctl = cnt_ptr + N_TILES
+            ticket = tl.atomic_add(ctl, 1, sem="relaxed", scope="gpu")
+            if ticket < R_SPLITS:
+                if router_program(
+                    h_ptr,
+                    rwd_ptr,
+                    rwm_ptr,
+                    rbm_ptr,
+                    mask_ptr,
+                    rws_ptr,
+                    ctl + 1,
+                    ticket,
+                    0,
+                    B,
+                    D,
+                    R,
+                    HK,
+                    D,
+                    D,
+                    R_PREC,
+                    R_BLOCK_M,
+                    R_BLOCK_R,
+                    R_BLOCK_D,
+                    R_BLOCK_G,
+                    R_SPLITS,
+                    False,
+                ):
+                    tl.debug_barrier()
+                    tl.atomic_xchg(ctl + 2, 1, sem="release", scope="gpu")  # the mask is written
+                return
+            pid = ticket - R_SPLITS
+            tile = pid // KS
+            head = (tile // RS + HQ) % n_heads  # K and V heads first, Q heads last
+        else:
+            pid = tl.program_id(0)
+            tile = pid // KS  # (head, slice)
+            head = tile // RS
+        s = tile % RS
         if ROUTED:  # noqa: SIM102 - constexpr branch, then a runtime one
-            skip = (head < HQ) & (_any_row(mask_ptr, tl.minimum(head // HPG, HK - 1), B, HK, BM) == 0)
+            if FOLD:  # noqa: SIM102
+                if head < HQ:
+                    _wait_for(ctl + 2, 1)
+                    if tl.atomic_add(ctl + 3, 1, sem="relaxed", scope="gpu") == HQ * RS * KS - 1:
+                        tl.atomic_xchg(ctl, 0, sem="relaxed", scope="gpu")  # every ticket is drawn
+                        tl.atomic_xchg(ctl + 2, 0, sem="relaxed", scope="gpu")
+                        tl.atomic_xchg(ctl + 3, 0, sem="relaxed", scope="gpu")
+            skip = (head < HQ) & (_any_row(mask_ptr, tl.minimum(head // HPG, HK - 1), B, HK, BM, FOLD) == 0)
             if skip:
                 return  # no token runs this head's group: its Q stays unspecified (attention skips it)
         HALF: tl.constexpr = HEAD_D // 2
@@ -377,7 +452,7 @@ if HAS_TRITON:
             acc_lo = tl.dot(a, tl.trans(w_lo), acc_lo, input_precision=PREC)
             acc_hi = tl.dot(a, tl.trans(w_hi), acc_hi, input_precision=PREC)
         if KS > 1:  # the last split of the tile to arrive sums the partials (split order) and goes on
-            n_tiles = tl.num_programs(0) // KS
+            n_tiles = N_TILES
             tsz: tl.constexpr = BM * SUB
             offs = offs_m[:, None] * SUB + tl.arange(0, SUB)[None, :]
             pbase = part_ptr + ((pid % KS) * n_tiles + tile) * 2 * tsz
@@ -557,12 +632,6 @@ if HAS_TRITON:
                 _norm_tail(xo_ptr, nw_ptr, h_ptr, ss_ptr, n_tiles, B, D, eps, BM, T_P, RB, NB)
 
     @triton.jit
-    def _wait_for(cnt_ptr, n):
-        done = tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu")
-        while done < n:
-            done = tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu")
-
-    @triton.jit
     def _ffn_kernel(
         h_ptr,  # [B, D] normed input
         wg_ptr,  # [DF, D]
@@ -577,19 +646,64 @@ if HAS_TRITON:
         hn_ptr,  # [B, D] normed out
         ss_ptr,  # [n_tiles, BM] fp32: each output tile's sum of squares per row
         part_ptr,  # [KS, n_tiles, BM, BLOCK_N] fp32 split partials (KS > 1) or dummy
-        cnt_ptr,  # 1 + KS + n_tiles + 1 counters: tickets, producers done per split, splits per tile, tiles
-        B, D, DF, NG, G, eps,
+        cnt_ptr,  # 1 + KS + n_tiles + 1 counters: tickets, producers done per split, splits per tile, tiles;
+        #           FOLD: 2 more (router arrivals, the mask-written flag)
+        rwd_ptr,  # FOLD: the FFN router's [R, D] projection (h's dtype), else dummy
+        rwm_ptr,  # FOLD: [NG, R] fp32 margin head
+        rbm_ptr,  # FOLD: [NG] fp32 margin bias
+        rws_ptr,  # FOLD: the router's fp32 split partials
+        B, D, DF, NG, G, R, eps,
         KS: tl.constexpr,  # down-projection K splits (split s: groups [s NG / KS, (s + 1) NG / KS))
         CPG: tl.constexpr,  # channel chunks per group (producers: NG * CPG)
         CH: tl.constexpr,  # channels per chunk (G = CPG * CH)
         ROUTED: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BLOCK_K: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_KD: tl.constexpr, T_P: tl.constexpr, RB: tl.constexpr, NB: tl.constexpr,
         PREC: tl.constexpr, PDL: tl.constexpr,
+        FOLD: tl.constexpr = False,  # the FFN router runs in this kernel and writes mask_ptr
+        R_PREC: tl.constexpr = "ieee", R_BLOCK_M: tl.constexpr = 16, R_BLOCK_R: tl.constexpr = 16,
+        R_BLOCK_D: tl.constexpr = 128, R_BLOCK_G: tl.constexpr = 16, R_SPLITS: tl.constexpr = 1,
     ):  # fmt: skip
+        """Tickets: [FOLD: R_SPLITS router programs (``router_program``; the last raises the flag)], then
+        NG * CPG producers (routed + FOLD: each waits for the flag), then the consumers. Every wait is for
+        programs holding earlier tickets. The last consumer tile resets the counters (the flag too)."""
         pdl_begin(PDL)
         n_prod = NG * CPG
-        n_tiles = (tl.num_programs(0) - n_prod) // KS
         ticket = tl.atomic_add(cnt_ptr, 1, sem="relaxed", scope="gpu")
+        n_router = 0
+        if FOLD:
+            n_router = R_SPLITS
+        n_tiles = (tl.num_programs(0) - n_router - n_prod) // KS
+        flag = cnt_ptr + 3 + KS + n_tiles
+        if FOLD:  # noqa: SIM102
+            if ticket < R_SPLITS:
+                if router_program(
+                    h_ptr,
+                    rwd_ptr,
+                    rwm_ptr,
+                    rbm_ptr,
+                    mask_ptr,
+                    rws_ptr,
+                    flag - 1,
+                    ticket,
+                    0,
+                    B,
+                    D,
+                    R,
+                    NG,
+                    D,
+                    D,
+                    R_PREC,
+                    R_BLOCK_M,
+                    R_BLOCK_R,
+                    R_BLOCK_D,
+                    R_BLOCK_G,
+                    R_SPLITS,
+                    False,
+                ):
+                    tl.debug_barrier()
+                    tl.atomic_xchg(flag, 1, sem="release", scope="gpu")  # the mask is written
+                return
+        ticket = ticket - n_router
         offs_m = tl.arange(0, BM)
         in_m = offs_m < B
         dt = xo_ptr.dtype.element_ty
@@ -597,7 +711,9 @@ if HAS_TRITON:
             g = ticket // CPG
             run = True
             if ROUTED:
-                run = _any_row(mask_ptr, g, B, NG, BM)
+                if FOLD:
+                    _wait_for(flag, 1)
+                run = _any_row(mask_ptr, g, B, NG, BM, FOLD)
             if run:
                 offs_c = g * G + (ticket % CPG) * CH + tl.arange(0, CH)
                 in_c = offs_c < (g + 1) * G
@@ -618,7 +734,11 @@ if HAS_TRITON:
                 sg = (gv / (1.0 + tl.exp(-gv))).to(dt).to(tl.float32)  # F.silu in the model dtype
                 av = sg * uv
                 if ROUTED:
-                    tok = tl.load(mask_ptr + offs_m * NG + g, mask=in_m, other=0).to(tl.int32)
+                    if FOLD:  # written in this kernel
+                        tok = tl.load(mask_ptr + offs_m * NG + g, mask=in_m, other=0, cache_modifier=".cg")
+                    else:
+                        tok = tl.load(mask_ptr + offs_m * NG + g, mask=in_m, other=0)
+                    tok = tok.to(tl.int32)
                     av = tl.where(tok[:, None] > 0, av, 0.0)
                 tl.store(a_ptr + offs_m[:, None] * DF + offs_c[None, :], av.to(dt), mask=in_m[:, None] & in_c[None, :])
             tl.debug_barrier()
@@ -634,7 +754,7 @@ if HAS_TRITON:
             _wait_for(cnt_ptr + 1 + s, (g_hi - g_lo) * CPG)  # only this split's producers (earlier tickets)
             acc = tl.zeros([BM, BLOCK_N], tl.float32)
             acc = _routed_k_loop(acc, a_ptr, wd_ptr, offs_m, in_m, offs_n, in_n, g_lo * G, g_hi * G, DF, mask_ptr, B,
-                                 NG, G, ROUTED, BM, BLOCK_KD, PREC, True)  # fmt: skip
+                                 NG, G, ROUTED, BM, BLOCK_KD, PREC, True, FOLD)  # fmt: skip
             last = True
             if KS > 1:
                 last, acc = _split_k_sum(acc, part_ptr, cnt_ptr + 1 + KS, tile, n_tiles, s, KS, BM, BLOCK_N)
@@ -655,6 +775,8 @@ if HAS_TRITON:
                     tl.atomic_xchg(cnt_ptr, 0, sem="relaxed", scope="gpu")
                     for sp in range(0, KS):
                         tl.atomic_xchg(cnt_ptr + 1 + sp, 0, sem="relaxed", scope="gpu")
+                    if FOLD:  # every producer is past the flag
+                        tl.atomic_xchg(flag, 0, sem="relaxed", scope="gpu")
                     _norm_tail(xo_ptr, nw_ptr, hn_ptr, ss_ptr, n_tiles, B, D, eps, BM, T_P, RB, NB)
 
 
@@ -753,6 +875,50 @@ def _(x, weight, eps):
     return torch.empty_like(x)
 
 
+def _router_launch(h: torch.Tensor, router: tuple, ng: int) -> tuple[tuple, dict, int]:
+    """An in-kernel router's tensors (W_down in h's dtype, fp32 head, fp32 partials), its constexprs as the
+    fused kernels name them, and the num_warps the router kernel runs them with (the fused kernel launches
+    with it: same constexprs, same warps, same decisions as ``router_decisions``)."""
+    w_down, w_margin, b_margin = router
+    consts, warps = router_program_config(h, w_down.shape[0], ng)
+    ws = torch.empty(consts["SPLITS"] * consts["BLOCK_M"] * consts["BLOCK_R"], dtype=torch.float32, device=h.device)
+    tensors = (w_down.to(h.dtype).contiguous(), w_margin.contiguous(), b_margin.contiguous(), ws)
+    return tensors, {f"R_{k}": v for k, v in consts.items()} | {"FOLD": True}, warps
+
+
+def _launch_qkv(h, w_qkv, b_qkv, mask, cos, sin, pos, k_cache, v_cache, n_q, q_norm, k_norm, qk_eps, router):
+    """The QKV kernel: with ``router`` (W_down, W_margin, b_margin) it decides in-kernel and fills ``mask``
+    (a bool [B, Hk] buffer); else ``mask`` is the routed input or None (dense)."""
+    b, d_model = h.shape
+    hk, hd = k_cache.shape[2], k_cache.shape[3]
+    q = torch.empty(b, n_q, hd, dtype=h.dtype, device=h.device)
+    n_heads = n_q + 2 * hk
+    rs = qkv_row_slices(hd, q_norm is not None, n_heads, _sms(h))
+    if q_norm is None:
+        rs = _ov("qkv_slices", rs)
+    bk, nw = _gemv_blocks(h)
+    bk = min(bk, next_pow2(d_model))
+    tiles = n_heads * rs
+    ks = _ov("qkv_splits", k_splits(tiles, triton.cdiv(d_model, bk), _sms(h)))
+    chunk = triton.cdiv(triton.cdiv(d_model, ks), bk) * bk
+    dummy = h.new_empty(1)
+    part = torch.empty(ks * tiles * BLOCK_M * hd if ks > 1 else 1, dtype=torch.float32, device=h.device)
+    rt, fold, n_router = (dummy, dummy, dummy, dummy), {}, 0
+    if router is not None:
+        rt, fold, nw = _router_launch(h, router, hk)
+        n_router = fold["R_SPLITS"]
+    _qkv_kernel[(n_router + tiles * ks,)](
+        h, w_qkv, b_qkv if b_qkv is not None else dummy, _u8(mask, h), cos.float().contiguous(),
+        sin.float().contiguous(), q_norm if q_norm is not None else dummy, k_norm if k_norm is not None else dummy,
+        pos, q, k_cache, v_cache, part, tile_counters(h, tiles + 4), *rt, b, d_model, chunk, tiles,
+        0 if router is None else router[0].shape[0], qk_eps, *k_cache.stride()[:3], *v_cache.stride()[:3], KS=ks,
+        HQ=n_q, HK=hk, HEAD_D=hd, RS=rs, ROUTED=mask is not None, HAS_BIAS=b_qkv is not None,
+        QK_NORM=q_norm is not None, BM=BLOCK_M, BLOCK_K=bk, PREC=_prec(h), **fold,
+        num_warps=nw, **_stages(h), **pdl_launch(h),
+    )  # fmt: skip
+    return q
+
+
 @torch.library.custom_op("wide::fused_qkv_rope_cache", mutates_args=("k_cache", "v_cache"))
 def _qkv_op(
     h: torch.Tensor,
@@ -771,35 +937,46 @@ def _qkv_op(
 ) -> torch.Tensor:
     if not use_triton(h):
         return qkv_rope_cache_ref(h, w_qkv, b_qkv, cos, sin, pos, k_cache, v_cache, n_q, q_norm, k_norm, qk_eps)
-    b, d_model = h.shape
-    hk, hd = k_cache.shape[2], k_cache.shape[3]
-    q = torch.empty(b, n_q, hd, dtype=h.dtype, device=h.device)
-    n_heads = n_q + 2 * hk
-    rs = qkv_row_slices(hd, q_norm is not None, n_heads, _sms(h))
-    if q_norm is None:
-        rs = _ov("qkv_slices", rs)
-    bk, nw = _gemv_blocks(h)
-    bk = min(bk, next_pow2(d_model))
-    tiles = n_heads * rs
-    ks = _ov("qkv_splits", k_splits(tiles, triton.cdiv(d_model, bk), _sms(h)))
-    chunk = triton.cdiv(triton.cdiv(d_model, ks), bk) * bk
-    dummy = h.new_empty(1)
-    part = torch.empty(ks * tiles * BLOCK_M * hd if ks > 1 else 1, dtype=torch.float32, device=h.device)
-    _qkv_kernel[(tiles * ks,)](
-        h, w_qkv, b_qkv if b_qkv is not None else dummy, _u8(mask, h), cos.float().contiguous(),
-        sin.float().contiguous(), q_norm if q_norm is not None else dummy, k_norm if k_norm is not None else dummy,
-        pos, q, k_cache, v_cache, part, tile_counters(h, tiles), b, d_model, chunk, qk_eps,
-        *k_cache.stride()[:3], *v_cache.stride()[:3], KS=ks,
-        HQ=n_q, HK=hk, HEAD_D=hd, RS=rs, ROUTED=mask is not None, HAS_BIAS=b_qkv is not None,
-        QK_NORM=q_norm is not None, BM=BLOCK_M, BLOCK_K=bk, PREC=_prec(h),
-        num_warps=nw, **_stages(h), **pdl_launch(h),
-    )  # fmt: skip
-    return q
+    return _launch_qkv(h, w_qkv, b_qkv, mask, cos, sin, pos, k_cache, v_cache, n_q, q_norm, k_norm, qk_eps, None)
 
 
 @_qkv_op.register_fake
 def _(h, w_qkv, b_qkv, mask, cos, sin, pos, k_cache, v_cache, n_q, q_norm, k_norm, qk_eps):
     return h.new_empty((h.shape[0], n_q, k_cache.shape[3]))
+
+
+@torch.library.custom_op("wide::fused_router_qkv_rope_cache", mutates_args=("k_cache", "v_cache"))
+def _router_qkv_op(
+    h: torch.Tensor,
+    w_qkv: torch.Tensor,
+    b_qkv: torch.Tensor | None,
+    rw_down: torch.Tensor,
+    rw_margin: torch.Tensor,
+    rb_margin: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    pos: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    n_q: int,
+    q_norm: torch.Tensor | None,
+    k_norm: torch.Tensor | None,
+    qk_eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if not use_triton(h):
+        mask = router_decisions(h, rw_down, rw_margin, rb_margin)
+        q = qkv_rope_cache_ref(h, w_qkv, b_qkv, cos, sin, pos, k_cache, v_cache, n_q, q_norm, k_norm, qk_eps)
+        return q, mask
+    mask = torch.empty(h.shape[0], k_cache.shape[2], dtype=torch.bool, device=h.device)
+    router = (rw_down, rw_margin, rb_margin)
+    q = _launch_qkv(h, w_qkv, b_qkv, mask, cos, sin, pos, k_cache, v_cache, n_q, q_norm, k_norm, qk_eps, router)
+    return q, mask
+
+
+@_router_qkv_op.register_fake
+def _(h, w_qkv, b_qkv, rw_down, rw_margin, rb_margin, cos, sin, pos, k_cache, v_cache, n_q, q_norm, k_norm, qk_eps):
+    b, hk, hd = h.shape[0], k_cache.shape[2], k_cache.shape[3]
+    return h.new_empty((b, n_q, hd)), h.new_empty((b, hk), dtype=torch.bool)
 
 
 @torch.library.custom_op("wide::fused_attn_decode", mutates_args=())
@@ -883,6 +1060,38 @@ def _(o, wo, bo, mask, x, norm_w, eps):
     return torch.empty_like(x), torch.empty_like(x)
 
 
+def _launch_ffn(h, w_gate, w_up, w_down, mask, x, norm_w, eps, group, bias, router):
+    """The FFN kernel: with ``router`` it decides in-kernel and fills ``mask`` (a bool [B, D'/group] buffer);
+    else ``mask`` is the routed input or None (dense)."""
+    b, d = h.shape
+    df = w_gate.shape[0]
+    ng = df // group
+    ch = _ov("ffn_chunk", ffn_chunk(group, ng, _sms(h))) if h.is_cuda else 16
+    cpg = group // ch
+    bk, nw = _gemv_blocks(h)
+    bn = 16 if not h.is_cuda else _ov("ffn_block_n", 64)
+    tiles = triton.cdiv(d, bn)
+    ks = _ov("ffn_splits", k_splits(tiles, ng, _sms(h)))
+    a = torch.empty(b, df, dtype=h.dtype, device=h.device)
+    xo, hn = torch.empty_like(x), torch.empty_like(x)
+    ss = torch.empty(tiles * BLOCK_M, dtype=torch.float32, device=h.device)
+    part = torch.empty(ks * tiles * BLOCK_M * bn if ks > 1 else 1, dtype=torch.float32, device=h.device)
+    dummy = h.new_empty(1)
+    rt, fold, n_router = (dummy, dummy, dummy, dummy), {}, 0
+    if router is not None:
+        rt, fold, nw = _router_launch(h, router, ng)
+        n_router = fold["R_SPLITS"]
+    _ffn_kernel[(n_router + ng * cpg + tiles * ks,)](
+        h, w_gate, w_up, w_down, bias if bias is not None else dummy, _u8(mask, h), a, x, xo, norm_w, hn,
+        ss, part, tile_counters(h, 4 + ks + tiles), *rt, b, d, df, ng, group,
+        0 if router is None else router[0].shape[0], eps,
+        KS=ks, CPG=cpg, CH=ch, ROUTED=mask is not None, HAS_BIAS=bias is not None, BM=BLOCK_M,
+        BLOCK_K=min(bk, next_pow2(d)), BLOCK_N=bn, BLOCK_KD=largest_pow2_divisor(group, bk), T_P=next_pow2(tiles),
+        **_norm_blocks(b, d, h), PREC=_prec(h), **fold, num_warps=nw, **_stages(h), **pdl_launch(h),
+    )  # fmt: skip
+    return xo, hn
+
+
 @torch.library.custom_op("wide::fused_ffn_residual_norm", mutates_args=())
 def _ffn_op(
     h: torch.Tensor,
@@ -898,32 +1107,45 @@ def _ffn_op(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if not use_triton(h):
         return ffn_residual_norm_ref(h, w_gate, w_up, w_down, mask, x, norm_w, eps, bias)
-    b, d = h.shape
-    df = w_gate.shape[0]
-    ng = df // group
-    ch = _ov("ffn_chunk", ffn_chunk(group, ng, _sms(h))) if h.is_cuda else 16
-    cpg = group // ch
-    bk, nw = _gemv_blocks(h)
-    bn = 16 if not h.is_cuda else _ov("ffn_block_n", 64)
-    tiles = triton.cdiv(d, bn)
-    ks = _ov("ffn_splits", k_splits(tiles, ng, _sms(h)))
-    a = torch.empty(b, df, dtype=h.dtype, device=h.device)
-    xo, hn = torch.empty_like(x), torch.empty_like(x)
-    ss = torch.empty(tiles * BLOCK_M, dtype=torch.float32, device=h.device)
-    part = torch.empty(ks * tiles * BLOCK_M * bn if ks > 1 else 1, dtype=torch.float32, device=h.device)
-    _ffn_kernel[(ng * cpg + tiles * ks,)](
-        h, w_gate, w_up, w_down, bias if bias is not None else h.new_empty(1), _u8(mask, h), a, x, xo, norm_w, hn,
-        ss, part, tile_counters(h, 2 + ks + tiles), b, d, df, ng, group, eps,
-        KS=ks, CPG=cpg, CH=ch, ROUTED=mask is not None, HAS_BIAS=bias is not None, BM=BLOCK_M,
-        BLOCK_K=min(bk, next_pow2(d)), BLOCK_N=bn, BLOCK_KD=largest_pow2_divisor(group, bk), T_P=next_pow2(tiles),
-        **_norm_blocks(b, d, h), PREC=_prec(h), num_warps=nw, **_stages(h), **pdl_launch(h),
-    )  # fmt: skip
-    return xo, hn
+    return _launch_ffn(h, w_gate, w_up, w_down, mask, x, norm_w, eps, group, bias, None)
 
 
 @_ffn_op.register_fake
 def _(h, w_gate, w_up, w_down, mask, x, norm_w, eps, group, bias):
     return torch.empty_like(x), torch.empty_like(x)
+
+
+@torch.library.custom_op("wide::fused_router_ffn_residual_norm", mutates_args=())
+def _router_ffn_op(
+    h: torch.Tensor,
+    w_gate: torch.Tensor,
+    w_up: torch.Tensor,
+    w_down: torch.Tensor,
+    rw_down: torch.Tensor,
+    rw_margin: torch.Tensor,
+    rb_margin: torch.Tensor,
+    x: torch.Tensor,
+    norm_w: torch.Tensor,
+    eps: float,
+    group: int,
+    bias: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if not use_triton(h):
+        mask = router_decisions(h, rw_down, rw_margin, rb_margin)
+        return *ffn_residual_norm_ref(h, w_gate, w_up, w_down, mask, x, norm_w, eps, bias), mask
+    mask = torch.empty(h.shape[0], w_gate.shape[0] // group, dtype=torch.bool, device=h.device)
+    router = (rw_down, rw_margin, rb_margin)
+    xo, hn = _launch_ffn(h, w_gate, w_up, w_down, mask, x, norm_w, eps, group, bias, router)
+    return xo, hn, mask
+
+
+@_router_ffn_op.register_fake
+def _(h, w_gate, w_up, w_down, rw_down, rw_margin, rb_margin, x, norm_w, eps, group, bias):
+    return (
+        torch.empty_like(x),
+        torch.empty_like(x),
+        h.new_empty((h.shape[0], w_gate.shape[0] // group), dtype=torch.bool),
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -965,6 +1187,36 @@ def qkv_rope_cache(
 ) -> torch.Tensor:
     """One launch: h [B, D] -> q [B, Hq, d] (RoPE'd; heads of groups no token runs are left unspecified
     when ``mask`` [B, Hk] is given) and the RoPE'd K / V of token b written at cache [b, pos[b]]."""
+    _check_qkv(h, w_qkv, cos, sin, k_cache, v_cache, n_q, q_norm, k_norm)
+    _check_mask(mask, h.shape[0], k_cache.shape[2], "mask")
+    return _qkv_op(h, w_qkv, b_qkv, mask, cos, sin, pos, k_cache, v_cache, int(n_q), q_norm, k_norm, float(qk_eps))
+
+
+def router_qkv_rope_cache(
+    h: torch.Tensor,
+    w_qkv: torch.Tensor,
+    b_qkv: torch.Tensor | None,
+    router: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    pos: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    n_q: int,
+    q_norm: torch.Tensor | None = None,
+    k_norm: torch.Tensor | None = None,
+    qk_eps: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``qkv_rope_cache`` that also takes the attention decision in the same launch: ``router`` =
+    (W_down [r, D], W_margin [Hk, r], b_margin [Hk]) as ``Router.fold`` gives them -> (q, mask [B, Hk] bool),
+    mask equal to ``router_decisions(h, *router)`` (the same program of the decision rule)."""
+    _check_qkv(h, w_qkv, cos, sin, k_cache, v_cache, n_q, q_norm, k_norm)
+    _check_router(router, h, k_cache.shape[2])
+    return _router_qkv_op(h, w_qkv, b_qkv, *router, cos, sin, pos, k_cache, v_cache, int(n_q), q_norm, k_norm,
+                          float(qk_eps))  # fmt: skip
+
+
+def _check_qkv(h, w_qkv, cos, sin, k_cache, v_cache, n_q, q_norm, k_norm) -> None:
     _check_batch(h, "h")
     check_dtype(h, w_qkv, k_cache, v_cache)
     hk, hd = k_cache.shape[2], k_cache.shape[3]
@@ -976,8 +1228,17 @@ def qkv_rope_cache(
         raise ValueError("q_norm and k_norm come together (Qwen3)")
     if cos.shape != (h.shape[0], hd) or sin.shape != cos.shape:
         raise ValueError(f"cos/sin must be [B, d] = [{h.shape[0]}, {hd}], got {tuple(cos.shape)}")
-    _check_mask(mask, h.shape[0], hk, "mask")
-    return _qkv_op(h, w_qkv, b_qkv, mask, cos, sin, pos, k_cache, v_cache, int(n_q), q_norm, k_norm, float(qk_eps))
+
+
+def _check_router(router: tuple, h: torch.Tensor, ng: int) -> None:
+    w_down, w_margin, b_margin = router
+    if w_down.dim() != 2 or w_down.shape[1] != h.shape[1] or w_margin.shape != (ng, w_down.shape[0]):
+        raise ValueError(
+            f"router (W_down {tuple(w_down.shape)}, W_margin {tuple(w_margin.shape)}) does not map D = {h.shape[1]} "
+            f"to {ng} groups"
+        )
+    if w_margin.dtype != torch.float32 or b_margin.dtype != torch.float32 or b_margin.shape != (ng,):
+        raise ValueError("the router's margin head is fp32 [N_G, r] with an fp32 [N_G] bias (Router.fold)")
 
 
 def attention_decode_merged(
@@ -1037,13 +1298,38 @@ def ffn_residual_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One launch: x + down(silu(gate h) * up h) (+ ``bias`` [D]) (channels of groups ``mask`` [B, D'/group]
     skips are zero, groups no token runs are not read) and its RMSNorm times ``norm_w``."""
+    _check_ffn(h, w_gate, w_up, w_down, x, norm_w, group, bias)
+    _check_mask(mask, h.shape[0], w_gate.shape[0] // group, "mask")
+    return _ffn_op(h, w_gate, w_up, w_down, mask, x, norm_w, float(eps), int(group), bias)
+
+
+def router_ffn_residual_norm(
+    h: torch.Tensor,
+    w_gate: torch.Tensor,
+    w_up: torch.Tensor,
+    w_down: torch.Tensor,
+    router: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    x: torch.Tensor,
+    norm_w: torch.Tensor,
+    eps: float,
+    group: int,
+    bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``ffn_residual_norm`` that also takes the FFN decision in the same launch: ``router`` = (W_down [r, D],
+    W_margin [D'/group, r], b_margin) -> (x'', h'', mask [B, D'/group] bool), mask equal to
+    ``router_decisions(h, *router)``."""
+    _check_ffn(h, w_gate, w_up, w_down, x, norm_w, group, bias)
+    _check_router(router, h, w_gate.shape[0] // group)
+    return _router_ffn_op(h, w_gate, w_up, w_down, *router, x, norm_w, float(eps), int(group), bias)
+
+
+def _check_ffn(h, w_gate, w_up, w_down, x, norm_w, group, bias) -> None:
     _check_batch(h, "h")
     _check_batch(x, "x")
     check_dtype(h, w_gate, w_up, w_down, x, norm_w)
     df = w_gate.shape[0]
     if group % 16 or df % group:
         raise ValueError(f"FFN group size {group} must be a multiple of 16 dividing D' = {df}")
-    _check_mask(mask, h.shape[0], df // group, "mask")
     for name, t in (("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down)):
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
@@ -1051,4 +1337,3 @@ def ffn_residual_norm(
         check_dtype(h, bias)
         if bias.shape != (x.shape[1],):
             raise ValueError(f"bias must be [D] = [{x.shape[1]}], got {tuple(bias.shape)}")
-    return _ffn_op(h, w_gate, w_up, w_down, mask, x, norm_w, float(eps), int(group), bias)

@@ -109,6 +109,46 @@ if HAS_TRITON:
             else:
                 tl.store(ptrs, (margin <= 0).to(tl.uint8), mask=in_m[:, None] & in_g[None, :])
 
+    @triton.jit
+    def router_program(h_ptr, wd_ptr, wm_ptr, bm_ptr, out_ptr, ws_ptr, cnt_ptr, s, pm, M, D, R, NG, stride_hm,
+                       stride_wd, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
+                       BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, SPLITS: tl.constexpr,
+                       OUT_MARGIN: tl.constexpr):  # fmt: skip
+        """Split ``s`` of row block ``pm``: its slice of D, then (the last split of the block to arrive, or
+        the only one) the fp32 sum in split order and the margin head. Returns True in the program that
+        wrote the block's output. The one body of the decision rule on CUDA: the router kernel and the
+        fused decode kernels that decide in-kernel run it with the same constexprs (docs/routing.md)."""
+        offs_m = pm * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_r = tl.arange(0, BLOCK_R)
+        in_m = offs_m < M
+        in_r = offs_r < R
+        d_per = tl.cdiv(tl.cdiv(D, SPLITS), BLOCK_D) * BLOCK_D
+        d_lo = s * d_per
+        d_hi = tl.minimum(d_lo + d_per, D)
+        acc = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
+        for d0 in range(d_lo, d_hi, BLOCK_D):
+            offs_d = d0 + tl.arange(0, BLOCK_D)
+            in_d = offs_d < d_hi
+            a = tl.load(h_ptr + offs_m[:, None] * stride_hm + offs_d[None, :], mask=in_m[:, None] & in_d[None, :],
+                        other=0.0)  # fmt: skip
+            b = tl.load(wd_ptr + offs_r[:, None] * stride_wd + offs_d[None, :], mask=in_r[:, None] & in_d[None, :],
+                        other=0.0)  # fmt: skip
+            acc = tl.dot(a, tl.trans(b), acc, input_precision=PREC)
+        done = True
+        if SPLITS == 1:
+            _margin_store(acc, pm * BLOCK_M, wm_ptr, bm_ptr, out_ptr, M, NG, R, BLOCK_M, BLOCK_R, BLOCK_G, OUT_MARGIN)
+        else:
+            tile = BLOCK_M * BLOCK_R
+            base = ws_ptr + pm * SPLITS * tile
+            offs_t = tl.arange(0, BLOCK_M)[:, None] * BLOCK_R + offs_r[None, :]
+            tl.store(base + s * tile + offs_t, acc)
+            done = arrive(cnt_ptr + pm, SPLITS)
+            if done:
+                red = sum_partials(base, tile, BLOCK_M, SPLITS, BLOCK_M, BLOCK_R)
+                _margin_store(red, pm * BLOCK_M, wm_ptr, bm_ptr, out_ptr, M, NG, R, BLOCK_M, BLOCK_R, BLOCK_G,
+                              OUT_MARGIN)  # fmt: skip
+        return done
+
     @triton.jit(do_not_specialize=["M"])
     def _router_kernel(
         h_ptr,  # [M, D]
@@ -134,35 +174,9 @@ if HAS_TRITON:
         PDL: tl.constexpr,  # launched with programmatic dependent launch
     ):
         pdl_begin(PDL)
-        s = tl.program_id(0)
-        pm = tl.program_id(1)
-        row0 = pm * BLOCK_M
-        offs_m = row0 + tl.arange(0, BLOCK_M)
-        offs_r = tl.arange(0, BLOCK_R)
-        in_m = offs_m < M
-        in_r = offs_r < R
-        d_per = tl.cdiv(tl.cdiv(D, SPLITS), BLOCK_D) * BLOCK_D
-        d_lo = s * d_per
-        d_hi = tl.minimum(d_lo + d_per, D)
-        acc = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
-        for d0 in range(d_lo, d_hi, BLOCK_D):
-            offs_d = d0 + tl.arange(0, BLOCK_D)
-            in_d = offs_d < d_hi
-            a = tl.load(h_ptr + offs_m[:, None] * stride_hm + offs_d[None, :], mask=in_m[:, None] & in_d[None, :],
-                        other=0.0)  # fmt: skip
-            b = tl.load(wd_ptr + offs_r[:, None] * stride_wd + offs_d[None, :], mask=in_r[:, None] & in_d[None, :],
-                        other=0.0)  # fmt: skip
-            acc = tl.dot(a, tl.trans(b), acc, input_precision=PREC)
-        if SPLITS == 1:
-            _margin_store(acc, row0, wm_ptr, bm_ptr, out_ptr, M, NG, R, BLOCK_M, BLOCK_R, BLOCK_G, OUT_MARGIN)
-        else:
-            tile = BLOCK_M * BLOCK_R
-            base = ws_ptr + pm * SPLITS * tile
-            offs_t = tl.arange(0, BLOCK_M)[:, None] * BLOCK_R + offs_r[None, :]
-            tl.store(base + s * tile + offs_t, acc)
-            if arrive(cnt_ptr + pm, SPLITS):
-                red = sum_partials(base, tile, BLOCK_M, SPLITS, BLOCK_M, BLOCK_R)
-                _margin_store(red, row0, wm_ptr, bm_ptr, out_ptr, M, NG, R, BLOCK_M, BLOCK_R, BLOCK_G, OUT_MARGIN)
+        router_program(h_ptr, wd_ptr, wm_ptr, bm_ptr, out_ptr, ws_ptr, cnt_ptr, tl.program_id(0), tl.program_id(1), M,
+                       D, R, NG, stride_hm, stride_wd, PREC, BLOCK_M, BLOCK_R, BLOCK_D, BLOCK_G, SPLITS,
+                       OUT_MARGIN)  # fmt: skip
 
 
 def _check_head(r: int, w_margin: torch.Tensor, b_margin: torch.Tensor) -> None:
@@ -182,22 +196,36 @@ def _router_triton(h, w_down, w_margin, b_margin, config: dict | None, out_margi
     out = torch.empty(m, ng, dtype=torch.float32 if out_margin else torch.bool, device=h.device)
     if m == 0:
         return out
-    conf = dict(config or default_config(d))
+    consts, warps = program_config(h, r, ng, config)
+    splits = consts["SPLITS"]
+    blocks = triton.cdiv(m, ROUTER_BLOCK_M)
+    ws = torch.empty(blocks * splits * ROUTER_BLOCK_M * consts["BLOCK_R"] if splits > 1 else 1, dtype=torch.float32,
+                     device=h.device)  # fmt: skip
+    cnt = tile_counters(h, blocks)
+    _router_kernel[(splits, blocks)](
+        h, w_down, w_margin, b_margin, out if out_margin else out.view(torch.uint8), ws, cnt, m, d, r, ng,
+        h.stride(0), w_down.stride(0), OUT_MARGIN=out_margin, **consts, num_warps=warps, **pdl_launch(h),
+    )  # fmt: skip
+    return out
+
+
+def program_config(h: torch.Tensor, r: int, ng: int, config: dict | None = None) -> tuple[dict, int]:
+    """(constexprs of ``router_program``, num_warps) for router input h [M, D], rank r, ng groups. A
+    kernel that runs ``router_program`` in-kernel launches with exactly these, so its decisions are the
+    router kernel's bit for bit (docs/routing.md#batch-invariance)."""
+    conf = dict(config or default_config(h.shape[-1]))
     splits = conf["SPLITS"]
     if splits < 1 or splits & (splits - 1):
         raise ValueError(f"SPLITS must be a power of two, got {splits}")
-    blocks = triton.cdiv(m, ROUTER_BLOCK_M)
-    block_r = max(16, next_pow2(r))
-    ws = torch.empty(blocks * splits * ROUTER_BLOCK_M * block_r if splits > 1 else 1, dtype=torch.float32,
-                     device=h.device)  # fmt: skip
-    cnt = tile_counters(h, blocks)
-    prec = "ieee" if h.dtype == torch.float32 else "tf32"
-    _router_kernel[(splits, blocks)](
-        h, w_down, w_margin, b_margin, out if out_margin else out.view(torch.uint8), ws, cnt, m, d, r, ng,
-        h.stride(0), w_down.stride(0), PREC=prec, BLOCK_M=ROUTER_BLOCK_M, BLOCK_R=block_r, BLOCK_G=_block_g(ng),
-        OUT_MARGIN=out_margin, **conf, **pdl_launch(h),
-    )  # fmt: skip
-    return out
+    consts = {
+        "PREC": "ieee" if h.dtype == torch.float32 else "tf32",
+        "BLOCK_M": ROUTER_BLOCK_M,
+        "BLOCK_R": max(16, next_pow2(r)),
+        "BLOCK_D": conf["BLOCK_D"],
+        "BLOCK_G": _block_g(ng),
+        "SPLITS": splits,
+    }
+    return consts, conf["num_warps"]
 
 
 def _use_kernel(h: torch.Tensor) -> bool:

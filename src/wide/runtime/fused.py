@@ -1,15 +1,16 @@
-"""The fused decode step of ``WideRuntime(fused_decode=True)``: each decoder layer in at most six launches.
+"""The fused decode step of ``WideRuntime`` (on a GPU by default): each decoder layer in four launches.
 
 Per layer (``wide.kernels.fused_decode``; docs/kernels.md, "Fused decode layer"):
 
-  routed:  router_decisions(h) -> qkv_rope_cache -> attention_decode_merged -> o_proj_residual_norm
-           -> router_decisions(h') -> ffn_residual_norm                                  (6 launches)
+  routed:  router_qkv_rope_cache -> attention_decode_merged -> o_proj_residual_norm
+           -> router_ffn_residual_norm                                                   (4 launches)
   dense:   qkv_rope_cache -> attention_decode_merged -> o_proj_residual_norm -> ffn_residual_norm (4)
 
 The hidden state h a router reads is the RMSNorm the previous kernel wrote in the model dtype (the
 first layer's by one norm launch per step; the last layer's FFN kernel applies the model's final norm),
-and the decision is ``router_decisions`` on it: the same op, on the same kind of input, as the unfused
-runtime. One code path serves ``routed=True`` and the dense baseline (``mask=None``: every group runs).
+and the decision is taken inside the launch that needs it by the router kernel's own program
+(``wide.kernels.router.router_program``, same constants): ``router_decisions`` on that h, bit for bit, as
+in the unfused runtime. One code path serves ``routed=True`` and the dense baseline (``mask=None``: every group runs).
 Prefill is unchanged (``wide.runtime.model.layer_step``). No host sync: CUDA-graph capturable.
 """
 
@@ -20,7 +21,6 @@ from typing import NamedTuple
 import torch
 
 from wide.kernels import fused_decode as FD
-from wide.kernels.router import router_decisions
 
 
 class FusedLayer(NamedTuple):
@@ -138,19 +138,29 @@ def fused_decode_step(rt, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     final = rt.hf.model.norm
     masks = []  # per layer (attention [B, Hk], FFN [B, G]) when routed: rt.fused_masks (benchmarks read them)
     for i, w in enumerate(layers):
-        mask_a = router_decisions(h, *w.router_attn) if w.router_attn is not None else None
-        q = FD.qkv_rope_cache(
-            h, w.w_qkv, w.b_qkv, mask_a, cos, sin, p, rt.cache.k[i], rt.cache.v[i], st.n_q,
-            w.q_norm, w.k_norm, st.qk_eps,
-        )  # fmt: skip
+        mask_a = None
+        if w.router_attn is not None:  # the attention decision inside the QKV launch
+            q, mask_a = FD.router_qkv_rope_cache(
+                h, w.w_qkv, w.b_qkv, w.router_attn, cos, sin, p, rt.cache.k[i], rt.cache.v[i], st.n_q,
+                w.q_norm, w.k_norm, st.qk_eps,
+            )  # fmt: skip
+        else:
+            q = FD.qkv_rope_cache(
+                h, w.w_qkv, w.b_qkv, None, cos, sin, p, rt.cache.k[i], rt.cache.v[i], st.n_q,
+                w.q_norm, w.k_norm, st.qk_eps,
+            )  # fmt: skip
         o = FD.attention_decode_merged(
             q, rt.cache.k[i], rt.cache.v[i], lens, mask_a if mask_a is not None else dense_mask, len_add=1
         )
         x, h = FD.o_proj_residual_norm(o.view(b, -1), w.wo, w.bo, mask_a, x, w.ln_ffn, w.eps_ffn)
-        mask_f = router_decisions(h, *w.router_ffn) if w.router_ffn is not None else None
         nxt = layers[i + 1] if i + 1 < len(layers) else None
         norm_w, eps = (nxt.ln_attn, nxt.eps_attn) if nxt is not None else (final.weight, final.variance_epsilon)
-        x, h = FD.ffn_residual_norm(h, w.w_gate, w.w_up, w.w_down, mask_f, x, norm_w, float(eps), rt.g_ffn, w.b_down)
+        ffn = (h, w.w_gate, w.w_up, w.w_down)
+        mask_f = None
+        if w.router_ffn is not None:  # the FFN decision inside the FFN launch
+            x, h, mask_f = FD.router_ffn_residual_norm(*ffn, w.router_ffn, x, norm_w, float(eps), rt.g_ffn, w.b_down)
+        else:
+            x, h = FD.ffn_residual_norm(*ffn, None, x, norm_w, float(eps), rt.g_ffn, w.b_down)
         if mask_a is not None:
             masks.append((mask_a, mask_f))
     rt.fused_masks = masks  # under CUDA-graph capture: the graph's outputs, refreshed by every replay

@@ -248,7 +248,7 @@ class WideRuntime:
     one GEMM-K path ('small' | 'dense' | 'ordered') for O and down instead of the plan's choice.
     ``compile=True``: the layer step runs through ``torch.compile`` (first calls compile; raises
     dynamo's recompile limit to 64 for the process). ``fused_decode``: decode steps run the fused decode
-    layer (``wide.runtime.fused``: at most six launches per layer, max_batch <= 16; prefill is unchanged);
+    layer (``wide.runtime.fused``: four launches per layer, max_batch <= 16; prefill is unchanged);
     None (default): on a GPU wherever it serves the runtime, else the unfused step; True: the fused layer
     or a ValueError saying why not; False: the unfused step."""
 
@@ -304,7 +304,7 @@ class WideRuntime:
         # auto: on the GPU wherever the fused layer serves (docs/kernels.md#fused-decode-layer)
         if fused_decode is None:
             fused_decode = p.is_cuda and fused_unsupported(self, max_batch) is None
-        self.fused_layers = None  # fused_decode: decode runs wide.runtime.fused (<= 6 launches per layer)
+        self.fused_layers = None  # fused_decode: decode runs wide.runtime.fused (4 launches per layer)
         if fused_decode:
             check_fused(self, max_batch)
             self.fused_layers = build_fused_layers(self)
