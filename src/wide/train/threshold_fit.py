@@ -28,6 +28,17 @@ FIT_MODES = ("router", "kind", "global", "none")
 Key = tuple[int, str]  # (layer, "attn" | "ffn")
 
 
+def _name(key: Key) -> str:
+    """A router's name in a fit record: (3, "attn") -> "attn3"."""
+    return f"{key[1]}{key[0]}"
+
+
+def _key(name: str) -> Key:
+    """The inverse of ``_name``: "ffn12" -> (12, "ffn")."""
+    kind = "attn" if name.startswith("attn") else "ffn"
+    return int(name[len(kind) :]), kind
+
+
 def skip_biases(wm) -> dict[Key, float]:
     """Every router's current skip-logit offset δ (the offsets a training run starting now samples under)."""
     return {(i, k): float(getattr(r, k).skip_bias) for i, r in enumerate(wm.routers) for k in ("attn", "ffn")}
@@ -115,15 +126,14 @@ def fit_thresholds(
     deltas = fit_offsets(margins, expected, mode)
     for (i, k), d in deltas.items():
         getattr(wm.routers[i], k).skip_bias.fill_(d)
-    name = lambda key: f"{key[1]}{key[0]}"  # noqa: E731
-    before = {name(k): v for k, v in _rates(margins, dict.fromkeys(margins, 0.0)).items()}
-    after = {name(k): v for k, v in _rates(margins, deltas).items()}
+    before = {_name(k): v for k, v in _rates(margins, dict.fromkeys(margins, 0.0)).items()}
+    after = {_name(k): v for k, v in _rates(margins, deltas).items()}
     return {
         "mode": mode,
         "argmax_skip_before": before,
         "argmax_skip_after": after,
-        "expected_gumbel_skip": {name(k): v for k, v in expected.items()},
-        "trained_skip_bias": {name(k): (train_bias or {}).get(k, 0.0) for k in margins},
+        "expected_gumbel_skip": {_name(k): v for k, v in expected.items()},
+        "trained_skip_bias": {_name(k): (train_bias or {}).get(k, 0.0) for k in margins},
     }
 
 
@@ -133,5 +143,4 @@ def trained_bias_of(fit: dict | None) -> dict[Key, float] | None:
     named = (fit or {}).get("trained_skip_bias")
     if not named:
         return None
-    return {(int(n[4:] if n.startswith("attn") else n[3:]), "attn" if n.startswith("attn") else "ffn"): float(v)
-            for n, v in named.items()}  # fmt: skip
+    return {_key(n): float(v) for n, v in named.items()}
