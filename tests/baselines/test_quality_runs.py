@@ -150,6 +150,14 @@ def test_spec_checks_order_and_device_spec():
     args = [str(x) for x in qr.finetune_args(long[-1], a, Path("s1"), Path("out"))]
     assert args[args.index("--batch-size") + 1] == "16"
     assert all(s.stage1_from in {t.key for t in long if not t.lora_steps} for s in long if s.lora_steps)
+    # Table 2's other recovered baselines: layer skipping (stage 1 trained again) and static width at WIDE + LoRA's FLOPs
+    base_lora = qr.load_specs([ROOT / "scripts" / "device" / "quality-lora-baselines.json"])
+    qr.check_specs(specs + sweep + long + skip_lora + base_lora)
+    recovered = [s for s in base_lora if s.lora_steps]
+    assert sorted(s.method for s in recovered) == ["layer-skip", "layer-skip", "static-width", "static-width"]
+    assert all(s.lora_steps == 300 and s.batch_size is None for s in recovered)
+    assert {s.match_flops for s in recovered if s.match_flops} == {"wide-25-lora", "wide-50-lora"}
+    assert all(names_by[s.match_flops].lora_steps == s.lora_steps for s in recovered if s.match_flops)
     levers = {s.name: s for s in specs if s.name.startswith("wide-50-") and not s.lora_steps}
     assert {s.distill for s in levers.values()} == {"none", "kl+lm"} and levers[
         "wide-50-flops"
