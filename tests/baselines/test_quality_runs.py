@@ -150,7 +150,7 @@ def test_spec_checks_order_and_device_spec():
     args = [str(x) for x in qr.finetune_args(long[-1], a, Path("s1"), Path("out"))]
     assert args[args.index("--batch-size") + 1] == "16"
     assert all(s.stage1_from in {t.key for t in long if not t.lora_steps} for s in long if s.lora_steps)
-    # Table 2's other recovered baselines: layer skipping (stage 1 trained again) and static width at WIDE + LoRA's FLOPs
+    # Table 2's other recovered baselines: layer skipping (stage 1 again), static width at WIDE + LoRA's FLOPs
     base_lora = qr.load_specs([ROOT / "scripts" / "device" / "quality-lora-baselines.json"])
     qr.check_specs(specs + sweep + long + skip_lora + base_lora)
     recovered = [s for s in base_lora if s.lora_steps]
