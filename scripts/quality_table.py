@@ -31,6 +31,8 @@ def _budget(rec: dict) -> str:
     if rec["method"] == "dense":
         return "-"
     if not rec.get("steps"):
+        if rec.get("lora_steps"):  # a static mask recovered with LoRA: calibration + LoRA tokens
+            return f"training-free + {rec['lora_steps']} LoRA, {rec.get('tokens', 0) / 1e6:.1f}M tok"
         return f"training-free, {rec.get('tokens', 0) / 1e6:.2f}M calibration tok"
     parts = [f"{rec['steps']} steps"]
     if rec.get("lora_steps"):
@@ -81,21 +83,25 @@ def table(records: list[dict]) -> str:
 
 
 def comparisons(done: list[dict], by_name: dict[str, dict], dense: dict | None) -> list[str]:
-    """Per level: WIDE's row (the plain calibration row, method wide with groups target) against every
-    baseline row at that level, in perplexity and average accuracy."""
+    """Per level: each plain WIDE row (groups target, shared constraint, G_ffn 128, no distillation) against
+    every baseline row at that level with the same budget: calibration-only rows against calibration-only
+    ones, + LoRA rows against + LoRA ones with as many LoRA steps, trained baselines only at the same
+    calibration steps (training-free ones at any), in perplexity and average accuracy."""
     out = []
     for r in done:
-        plain = r["method"] == "wide" and not r.get("lora_steps") and r.get("distill", "none") == "none"
+        plain = r["method"] == "wide" and r.get("distill", "none") == "none"
         plain = plain and r.get("sparsity_kind") == "groups" and r.get("attn_target") is None
         plain = plain and r.get("ffn_group_size", 128) == 128
         if not plain:
             continue
         lv = level_of(r, by_name)
         peers = [p for p in done if p["method"] not in ("wide", "dense") and level_of(p, by_name) == lv]
-        peers = [p for p in peers if not p.get("lora_steps")]
+        peers = [p for p in peers if (p.get("lora_steps") or 0) == (r.get("lora_steps") or 0)]
+        peers = [p for p in peers if not p.get("steps") or p["steps"] == r.get("steps")]
         if not peers:
             continue
-        out.append(f"WIDE row `{r['name']}` (target {100 * lv:g}%, FLOPs removed {r['flops_removed']:.3f}):")
+        stage = f" + {r['lora_steps']} LoRA" if r.get("lora_steps") else ""
+        out.append(f"WIDE row `{r['name']}` (target {100 * lv:g}%{stage}, FLOPs removed {r['flops_removed']:.3f}):")
         for p in peers:
             pr = p["wikitext_word_ppl"] / r["wikitext_word_ppl"]
             da = p["avg_acc"] - r["avg_acc"]

@@ -321,8 +321,12 @@ def test_quality_table_levels_and_comparisons():
         rec("w25", "wide", 0.15, 30.0, 0.48, target=0.25),
         rec("w50", "wide", 0.35, 60.0, 0.40, target=0.5),
         rec("m50", "module-skip", 0.36, 600.0, 0.35, target=0.5),
-        rec("s50", "static-width", 0.35, 120.0, 0.38, target=0.35, sparsity_kind="flops", match_flops="w50"),
+        rec("s50", "static-width", 0.35, 120.0, 0.38, target=0.35, sparsity_kind="flops", match_flops="w50", steps=0),
         {"name": "t50", "method": "teal", "match_flops": "w50", "status": "interrupted"},
+        rec("w50-lora", "wide", 0.37, 40.0, 0.42, target=0.5, lora_steps=5),
+        rec("m50-lora", "module-skip", 0.37, 80.0, 0.40, target=0.5, lora_steps=5),
+        rec("s50-lora", "static-width", 0.37, 60.0, 0.41, steps=0, lora_steps=5, match_flops="w50-lora"),
+        rec("w50-long", "wide", 0.36, 45.0, 0.41, target=0.5, steps=40),
     ]
     text = qt.table(records)
     t25, t50 = text.split("### Target 50%")
@@ -331,3 +335,12 @@ def test_quality_table_levels_and_comparisons():
     assert "Not finished: t50 (interrupted)" in text
     assert "`m50` (FLOPs removed 0.360): perplexity 10.0× WIDE's, average accuracy -0.050" in text
     assert "`s50` (FLOPs removed 0.350): perplexity 2.0× WIDE's" in text
+    assert "| s50-lora | static-width | training-free + 5 LoRA, 0.0M tok |" in t50
+    # + LoRA rows against + LoRA rows only; a longer WIDE budget against the training-free rows only
+    lora = text.split("WIDE row `w50-lora` (target 50% + 5 LoRA, FLOPs removed 0.370):")[1].split("\n\n")[0]
+    assert "`m50-lora` (FLOPs removed 0.370): perplexity 2.0× WIDE's, average accuracy -0.020" in lora
+    assert "`s50-lora`" in lora and "`m50`" not in lora and "`s50`" not in lora.replace("`s50-lora`", "")
+    plain = text.split("WIDE row `w50` ")[1].split("\n\n")[0]
+    assert "lora" not in plain and "`m50`" in plain
+    long = text.split("WIDE row `w50-long` ")[1].split("\n\n")[0]
+    assert "`s50`" in long and "`m50`" not in long
