@@ -17,8 +17,9 @@
 # quality-tails.txt (the last lines of each row's log), quality-gpu.csv (memory and utilisation every
 # 10 s), quality-work/work.tar.NN (15 MiB parts of one tar: per row the small files of its stage
 # directories (routers, configs, manifest, `latest`, training log) and, for an unfinished stage, the
-# checkpoint `latest` names; the routers of rows with a finished record only while all fits in PACK_PARTS parts,
-# as at most 8 files come back from $OUT: the 4 above, PACK_PARTS parts and the caller's own log).
+# checkpoint `latest` names; whole rows only, the furthest-trained unfinished rows first, then finished rows'
+# routers, while they fit in PACK_PARTS parts (at most 8 files come back from $OUT: the 4 above, PACK_PARTS
+# parts and the caller's own log); a row left on the machine is printed).
 # Usage (repo root; carry setup.sh's inputs): bash scripts/device/quality.sh [OUT]
 #   SPEC=scripts/device/quality-sweep.json: the 10 / 30 / 70% levels of the sweep figure (same records file)
 #   SPEC="scripts/device/quality-first.json scripts/device/quality-sweep.json": both lists, in that order
@@ -95,49 +96,7 @@ for f in "$WORK"/*/log.txt; do
   tr '\r' '\n' <"$f" | grep -v '^[[:space:]]*$' | tail -n 12 | cut -c1-300
 done >"$OUT/quality-tails.txt"
 
-# $OUT/quality-work/work.tar.NN: what lets a fresh machine go on (never the rows' logs or the model)
-python3 - "$WORK" "$OUT/quality-work" "${PACK_PARTS:-3}" <<'EOF'
-import json
-import sys
-import tarfile
-from pathlib import Path
-
-work, dest, parts = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
-SMALL = ("wide_config.json", "routers.safetensors", "wide_run.json", "latest", "train_log.jsonl",
-         "adapter_config.json", "adapter_model.safetensors")
-PART = 15 * 2**20  # a file back from $OUT is at most 16 MiB
-limit = parts * PART
-try:
-    done = {r["name"] for r in json.loads((work / "quality.json").read_text())["records"] if r.get("status") == "done"}
-except (OSError, ValueError, KeyError):
-    done = set()
-go_on, finished = [], []  # what unfinished rows need; the routers of rows with a finished record
-for stage in sorted(p for p in work.glob("*/*") if p.is_dir() and p.name in ("stage1", "lora")):
-    files = [stage / n for n in SMALL if (stage / n).is_file()]
-    # the stage's own wide_config.json is written last: without it, the checkpoint `latest` names
-    if not (stage / "wide_config.json").is_file() and (stage / "latest").is_file():
-        files += sorted(f for f in (stage / (stage / "latest").read_text().strip()).rglob("*") if f.is_file())
-    (finished if stage.parent.name in done else go_on).extend(files)
-
-
-def mib(files):
-    return sum(f.stat().st_size for f in files) / 2**20
-
-
-if mib(go_on) + mib(finished) > limit / 2**20:
-    print(f"pack: the finished rows' routers ({mib(finished):.1f} MiB) stay on the machine (PACK_PARTS)")
-    finished = []
-if mib(go_on) > limit / 2**20:
-    print(f"pack: WARNING: {mib(go_on):.1f} MiB to go on is over PACK_PARTS: not every part will come back")
-tar = dest / "work.tar"
-with tarfile.open(tar, "w") as t:
-    for f in go_on + finished:
-        t.add(f, arcname=str(f.relative_to(work)), recursive=False)
-data = tar.read_bytes()
-tar.unlink()
-for i in range(0, len(data), PART):
-    (dest / f"work.tar.{i // PART:02d}").write_bytes(data[i : i + PART])
-print(f"pack: {len(go_on) + len(finished)} files, {len(data) / 2**20:.1f} MiB in {dest}")
-EOF
+# $OUT/quality-work/work.tar.NN: what lets a fresh machine go on, whole rows only (scripts/device/pack_work.py)
+python3 scripts/device/pack_work.py "$WORK" "$OUT/quality-work" "${PACK_PARTS:-3}"
 ls -la "$OUT" "$OUT/quality-work"
 exit "$rc"

@@ -1,11 +1,13 @@
 """scripts/quality_runs.py (run names, grid, records, resume, the --tiny smoke run, concurrent rows
-with --jobs, the time budget, the device spec list) and scripts/plot_sweep.py (series and the figure)."""
+with --jobs, the time budget, the device spec list), scripts/plot_sweep.py (series and the figure),
+scripts/quality_table.py and scripts/device/pack_work.py (what a device call carries back)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -15,9 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name.split("/")[-1], ROOT / "scripts" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # dataclasses look their module up there
+    sys.modules[name.split("/")[-1]] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
 
@@ -25,6 +27,7 @@ def _script(name: str):
 qr = _script("quality_runs")
 ps = _script("plot_sweep")
 qt = _script("quality_table")
+pw = _script("device/pack_work")
 
 
 def test_run_names_and_grid():
@@ -344,3 +347,59 @@ def test_quality_table_levels_and_comparisons():
     assert "lora" not in plain and "`m50`" in plain
     long = text.split("WIDE row `w50-long` ")[1].split("\n\n")[0]
     assert "`s50`" in long and "`m50`" not in long
+
+
+def test_pack_work_whole_rows_furthest_first(tmp_path):
+    """The parts always make a complete tar: a row that does not fit stays out whole; unfinished rows go first,
+    the furthest-trained first, then finished rows' routers."""
+    work = tmp_path / "work"
+
+    def stage(row: str, name: str, ckpt_step: int | None, size: int) -> None:
+        d = work / row / name
+        d.mkdir(parents=True)
+        (d / "train_log.jsonl").write_text("{}\n")
+        if ckpt_step is None:  # finished: its own config and routers
+            (d / "wide_config.json").write_text("{}")
+            (d / "routers.safetensors").write_bytes(b"r" * size)
+        else:
+            (d / "latest").write_text(f"checkpoint-{ckpt_step}")
+            c = d / f"checkpoint-{ckpt_step}"
+            c.mkdir()
+            (c / "trainer_state.safetensors").write_bytes(b"s" * size)
+            (c / "wide_config.json").write_text("{}")
+        (work / row / "log.txt").write_text("never packed")
+
+    kib = 1024
+    stage("long", "stage1", 2900, 40 * kib)  # the most GPU time in it
+    stage("short", "stage1", 100, 40 * kib)
+    stage("lora-row", "stage1", None, 4 * kib)
+    stage("lora-row", "lora", 200, 30 * kib)
+    stage("done-row", "stage1", None, 2 * kib)
+    (work / "quality.json").write_text(json.dumps({"records": [{"name": "done-row", "status": "done"}]}))
+
+    packed, left = pw.pack(work, tmp_path / "out", parts=4, part_bytes=26 * kib)  # room for ~93 KiB
+    assert packed == ["long", "lora-row", "done-row"] and left == ["short"]  # 200 steps before 100
+    parts = sorted((tmp_path / "out").glob("work.tar.*"))
+    assert len(parts) <= 4 and all(p.stat().st_size <= 26 * kib for p in parts)
+    whole = tmp_path / "whole.tar"
+    whole.write_bytes(b"".join(p.read_bytes() for p in parts))
+    with tarfile.open(whole) as t:
+        names = set(t.getnames())
+    assert "long/stage1/checkpoint-2900/trainer_state.safetensors" in names
+    assert "lora-row/stage1/routers.safetensors" in names and "lora-row/lora/latest" in names
+    assert "done-row/stage1/routers.safetensors" in names
+    assert not any(n.startswith("short/") or n.endswith("log.txt") for n in names)
+
+    # the size estimate never undershoots, long names (a GNU long-name header each) included
+    stage("r" * 120, "stage1", 7, 5 * kib)
+    for i, part_bytes in enumerate(range(12 * kib, 80 * kib, 3 * kib + 17)):
+        dest = tmp_path / f"sweep{i}"
+        pw.pack(work, dest, parts=3, part_bytes=part_bytes)
+        assert len(list(dest.glob("work.tar.*"))) <= 3
+
+    # everything fits: every row; nothing at all fits: an empty (still valid) tar
+    assert pw.pack(work, tmp_path / "all", parts=8)[1] == []
+    assert pw.pack(work, tmp_path / "none", parts=1, part_bytes=12 * kib) == (
+        [],
+        ["long", "lora-row", "short", "r" * 120, "done-row"],  # by steps: 2,900, 200, 100, 7; then finished
+    )
