@@ -1,6 +1,8 @@
 """Figure-6-style plot of a quality sweep (scripts/quality_runs.py records): WikiText-2 word perplexity
 and average zero-shot accuracy against the fraction of FLOPs removed, one line per method (and variant:
-distillation, FLOP-weighted target, LoRA, group size), the dense model as a reference line.
+distillation, FLOP-weighted target, LoRA, group size, a calibration budget other than the series' usual
+one), the dense model as a reference line. Every run is a filled marker; the line goes through one hollow
+marker per target, the mean of the runs there (geometric for perplexity).
 
   python scripts/plot_sweep.py bench/results/smollm2/quality.json --out bench/results/smollm2/sweep.png
 """
@@ -9,8 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 VARIANT_FLAGS = ("--bias-compensation",)  # extra calibrate flags that make a row its own series
@@ -36,13 +39,40 @@ def series_label(rec: dict) -> str:
 
 
 def group_series(records: list[dict]) -> tuple[dict[str, list[dict]], dict | None]:
-    """({label: records sorted by FLOPs removed}, the dense record or None)."""
+    """({label: records sorted by FLOPs removed}, the dense record or None). A trained row whose step count
+    differs from the one most of its series' rows have (the fewer steps on a tie) is a series of its own."""
     dense = next((r for r in records if r["method"] == "dense" and r.get("status") == "done"), None)
-    series: dict[str, list[dict]] = defaultdict(list)
+    by_label: dict[str, list[dict]] = defaultdict(list)
     for r in records:
         if r.get("status") == "done" and r["method"] != "dense":
-            series[series_label(r)].append(r)
+            by_label[series_label(r)].append(r)
+    series: dict[str, list[dict]] = defaultdict(list)
+    for label, rs in by_label.items():
+        counts = Counter(r["steps"] for r in rs if r.get("steps"))
+        usual = max(counts, key=lambda n: (counts[n], -n)) if counts else None
+        for r in rs:
+            series[label if r.get("steps") in (None, 0, usual) else f"{label} {r['steps']} steps"].append(r)
     return {k: sorted(v, key=lambda r: r["flops_removed"]) for k, v in sorted(series.items())}, dense
+
+
+def level_means(rs: list[dict]) -> list[tuple[float, float | None, float | None]]:
+    """One (FLOPs removed, perplexity, accuracy) point per target of a series, sorted by FLOPs: the mean of
+    the runs at that target (geometric for perplexity; None where no run has the value)."""
+    levels: dict[float, list[dict]] = defaultdict(list)
+    for r in rs:
+        levels[round(r.get("target") or r["flops_removed"], 4)].append(r)
+    points = []
+    for runs in levels.values():
+        ppl = [r["wikitext_word_ppl"] for r in runs if r.get("wikitext_word_ppl")]
+        acc = [r["avg_acc"] for r in runs if r.get("avg_acc") is not None]
+        points.append(
+            (
+                statistics.fmean(r["flops_removed"] for r in runs),
+                statistics.geometric_mean(ppl) if ppl else None,
+                statistics.fmean(acc) if acc else None,
+            )
+        )
+    return sorted(points)
 
 
 def plot(records: list[dict], out: Path, title: str | None = None) -> Path:
@@ -58,14 +88,18 @@ def plot(records: list[dict], out: Path, title: str | None = None) -> Path:
     colors = plt.get_cmap("tab20").colors
     markers = "osD^vP*Xh<>p"
     for n, (label, rs) in enumerate(series.items()):  # a distinct (colour, marker) per series
-        style = {"color": colors[(2 * n) % 20 + (n // 10) % 2], "marker": markers[n % len(markers)], "label": label}
+        color, marker = colors[(2 * n) % 20 + (n // 10) % 2], markers[n % len(markers)]
         x = [100 * r["flops_removed"] for r in rs]
         ppl = [r.get("wikitext_word_ppl") for r in rs]
         acc = [None if r.get("avg_acc") is None else 100 * r["avg_acc"] for r in rs]
-        if any(v is not None for v in ppl):
-            ax_ppl.plot(*_pairs(x, ppl), **style)
-        if any(v is not None for v in acc):
-            ax_acc.plot(*_pairs(x, acc), **style)
+        means = level_means(rs)
+        mx = [100 * m[0] for m in means]
+        mppl = [m[1] for m in means]
+        macc = [None if m[2] is None else 100 * m[2] for m in means]
+        for ax, runs, mean in ((ax_ppl, ppl, mppl), (ax_acc, acc, macc)):
+            if any(v is not None for v in runs):
+                ax.plot(*_pairs(x, runs), color=color, marker=marker, ls="none")  # every run, filled
+                ax.plot(*_pairs(mx, mean), color=color, marker=marker, mfc="none", ms=9, label=label)  # the means
     if dense is not None:
         if dense.get("wikitext_word_ppl"):
             ax_ppl.axhline(dense["wikitext_word_ppl"], color="k", ls="--", lw=1, label="dense")

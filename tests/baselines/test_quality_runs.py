@@ -209,6 +209,24 @@ def test_plot_series_and_file(tmp_path):
     want = ["static-width", "static-width flops target bias-compensation", "static-width bias-compensation"]
     assert list(series) == sorted(want) + ["teal", "wide", "wide +LoRA"]
     assert [r["flops_removed"] for r in series["wide"]] == [0.2, 0.4]
+    # a longer calibration is its own series; two runs at one target: one mean point (geometric in perplexity)
+    more = [
+        rec("wide", 0.3, 25.0, 0.46, target=0.5, steps=300),
+        rec("wide", 0.35, 26.0, 0.47, target=0.5, steps=4000),
+        rec("module-skip", 0.3, 100.0, 0.40, target=0.5, steps=300),
+        rec("module-skip", 0.4, 400.0, 0.44, target=0.5, steps=300),
+        rec("module-skip", 0.2, 50.0, 0.42, target=0.25, steps=300),
+    ]
+    series, _ = ps.group_series(more)
+    assert sorted(series) == ["module-skip", "wide", "wide 4000 steps"]
+    pts = ps.level_means(series["module-skip"])
+    assert (
+        pts[0] == pytest.approx((0.2, 50.0, 0.42))
+        and pts[1][0] == pytest.approx(0.35)
+        and pts[1][1] == pytest.approx(200.0)
+    )
+    assert pts[1][2] == pytest.approx(0.42)
+    ps.plot(more, tmp_path / "more.png")
     out = ps.plot(records, tmp_path / "sweep.png", "test")
     assert out.is_file() and out.stat().st_size > 1000
 
