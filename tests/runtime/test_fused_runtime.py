@@ -11,10 +11,10 @@ from wide.model import WideModel
 from wide.runtime import WideRuntime, generate
 
 
-def _routed(family: str, seed: int = 0):
+def _routed(family: str, seed: int = 0, router_input: str = "normed"):
     # head_dim 32 (the fused QKV kernel pairs RoPE halves of >= 16 columns), FFN groups of 16
     model = tiny_model(family, layers=2, hidden=128, heads=4, kv=2, inter=96, seed=seed)
-    wm = WideModel(model, WideConfig(ffn_group_size=16, router_rank=8, sparsity=0.5))
+    wm = WideModel(model, WideConfig(ffn_group_size=16, router_rank=8, sparsity=0.5, router_input=router_input))
     for r in wm.routers:  # mixed decisions
         torch.nn.init.normal_(r.attn.up.weight, std=2.0)
         torch.nn.init.normal_(r.ffn.up.weight, std=2.0)
@@ -40,6 +40,30 @@ def test_fused_greedy_decode_equals_unfused_and_masked_path(family):
     unfused = generate(WideRuntime(wm, max_batch=3, max_seq=16, fused_decode=False), ids, 5)
     assert torch.equal(fused, unfused)
     assert torch.equal(fused, _masked_greedy(wm, ids, 5))
+
+
+def test_fused_decode_routes_on_the_residual_stream_when_the_routers_do():
+    """router_input="residual": the fused step's routers read the residual entering attention / the FFN, as
+    the masked path's and the unfused runtime's do (their decisions differ from routing on the norm)."""
+    model, wm = _routed("llama", seed=1, router_input="residual")
+    for layer, r in zip(model.model.layers, wm.routers, strict=True):  # norm and margin offsets: the two differ
+        layer.input_layernorm.weight.data.uniform_(0.2, 2.0)
+        layer.post_attention_layernorm.weight.data.uniform_(0.2, 2.0)
+        r.attn.skip_bias.fill_(0.3)
+        r.ffn.skip_bias.fill_(-0.2)
+    ids = torch.randint(0, 101, (3, 4))
+    fused = generate(WideRuntime(wm, max_batch=3, max_seq=16, fused_decode=True), ids, 5)
+    assert torch.equal(fused, generate(WideRuntime(wm, max_batch=3, max_seq=16, fused_decode=False), ids, 5))
+    assert torch.equal(fused, _masked_greedy(wm, ids, 5))
+    rt = WideRuntime(wm, max_batch=3, max_seq=16, fused_decode=True)
+    rt.prefill(ids)
+    rt.decode(fused[:, 4:5])
+    residual = [m for pair in rt.fused_masks for m in pair]
+    wm.config.router_input = "normed"  # the same routers reading the norm decide otherwise
+    rt = WideRuntime(wm, max_batch=3, max_seq=16, fused_decode=True)
+    rt.prefill(ids)
+    rt.decode(fused[:, 4:5])
+    assert any(not torch.equal(a, b) for a, b in zip(residual, [m for pair in rt.fused_masks for m in pair]))
 
 
 @pytest.mark.parametrize("routed", [True, False])

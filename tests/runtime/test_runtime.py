@@ -14,9 +14,10 @@ from wide.runtime import GraphedPrefill, WideRuntime, generate
 from wide.runtime.model import fuse_linears
 
 
-def _routed(family: str, sparsity=0.5, seed=0):
+def _routed(family: str, sparsity=0.5, seed=0, router_input="normed"):
     model = tiny_model(family, layers=2, hidden=64, heads=4, kv=2, inter=64, seed=seed)
-    wm = WideModel(model, WideConfig(ffn_group_size=16, router_rank=8, sparsity=sparsity))
+    cfg = WideConfig(ffn_group_size=16, router_rank=8, sparsity=sparsity, router_input=router_input)
+    wm = WideModel(model, cfg)
     for r in wm.routers:  # mixed decisions
         torch.nn.init.normal_(r.attn.up.weight, std=2.0)
         torch.nn.init.normal_(r.ffn.up.weight, std=2.0)
@@ -154,15 +155,19 @@ def test_runtime_names_unsupported_families():
 
 
 # --------------------------------------------------------------------------- served = evaluated (CPU)
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize(
+    ("family", "router_input"),
+    [("llama", "normed"), ("qwen2", "normed"), ("qwen3", "normed"), ("mistral", "normed"), ("llama", "residual")],
+)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_scores_and_decisions_equal_the_masked_path_in_low_precision(family, dtype, monkeypatch):
+def test_scores_and_decisions_equal_the_masked_path_in_low_precision(family, router_input, dtype, monkeypatch):
     """In bf16 / fp16 the runtime makes the masked path's decisions (0 differing, every layer and kind)
     and its logits at every position are the masked path's, bit for bit: one decision rule, and on the CPU
     the same torch arithmetic for the backbone (docs/routing.md#the-decision-rule). Runs the torch path a
-    CPU user runs (the interpreter's kernels compute the GEMMs in their own order)."""
+    CPU user runs (the interpreter's kernels compute the GEMMs in their own order). Routers that read the
+    residual stream (``router_input="residual"``) read it in the runtime too."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    model, wm = _routed(family, seed=2)
+    model, wm = _routed(family, seed=2, router_input=router_input)
     model.to(dtype)
     ids = torch.randint(0, 101, (3, 41))
     with torch.no_grad():

@@ -107,6 +107,7 @@ class StepConfig(NamedTuple):
     eps: float
     qk_eps: float
     force_k: str | None  # GEMM-K path forced for O and down (None: the plan's choice)
+    router_residual: bool  # the routers read the residual stream, not its norm (WideConfig.router_input)
     # expected skipped fractions (bucketed: ``K.sparsity_bucket``), what ``K.plan`` reads per decision
     attn_sparsity_hint: float | None = None
     ffn_sparsity_hint: float | None = None
@@ -127,7 +128,7 @@ def _attention(
     h2 = rms_norm(x, w.ln_attn, st.eps).reshape(b * t, -1)  # [M, D]
     kv_width = st.n_kv * st.head_dim
     if st.routed:
-        mask = K.router_decisions(h2.view(b, t, -1), *w.head_attn)  # [B, T, Hk]
+        mask = K.router_decisions(x if st.router_residual else h2.view(b, t, -1), *w.head_attn)  # [B, T, Hk]
         k, v = F.linear(h2, w.w_kv, w.b_kv).split([kv_width, kv_width], dim=-1)  # [M, Hk*d] each
         plan = K.plan(b * t, st.g_attn, mask.shape[-1], st.attn_sparsity_hint, force_k=st.force_k)
         route = K.plan_route(mask, plan)
@@ -174,7 +175,7 @@ def _ffn(x: torch.Tensor, w: LayerWeights, st: StepConfig) -> tuple[torch.Tensor
     h2 = rms_norm(x, w.ln_ffn, st.eps).reshape(b * t, -1)
     mask = None
     if st.routed:
-        mask = K.router_decisions(h2.view(b, t, -1), *w.head_ffn)  # [B, T, N_G]
+        mask = K.router_decisions(x if st.router_residual else h2.view(b, t, -1), *w.head_ffn)  # [B, T, N_G]
         plan = K.plan(b * t, st.g_ffn, mask.shape[-1], st.ffn_sparsity_hint, force_k=st.force_k)
         route = K.plan_route(mask, plan)
         a = K.routed_swiglu(h2, w.w_gate, w.w_up, route, st.g_ffn)  # zeros if inactive
@@ -373,6 +374,7 @@ class WideRuntime:
             eps=float(layer.input_layernorm.variance_epsilon),
             qk_eps=float(qn.variance_epsilon) if qn is not None else 0.0,
             force_k=self.force_k,
+            router_residual=self.wm.config.router_input == "residual",
             attn_sparsity_hint=K.sparsity_bucket(attn_hint, self.g_attn),
             ffn_sparsity_hint=K.sparsity_bucket(ffn_hint, self.g_ffn),
         )
