@@ -128,6 +128,16 @@ def test_runtime_rejects_non_gqa_routers_and_oversized_prompts():
     with pytest.raises(ValueError, match="one attention decision per KV group"):
         WideRuntime(wm, max_batch=1, max_seq=8)
     wm.detach()
+    # layer skipping ties the FFN's decision to the attention's, TEAL has no routers: neither is served, even
+    # where their one-group shape would pass the KV-group check (one KV head)
+    from wide.baselines import build
+
+    mqa = tiny_model("llama", kv=1)
+    for method in ("layer-skip", "teal"):
+        routed = build(mqa, WideConfig(method=method, router_rank=8))
+        with pytest.raises(ValueError, match=f"these are {method}'s"):
+            WideRuntime(routed, max_batch=1, max_seq=8)
+        routed.detach()
     _, wm = _routed("llama")
     rt = WideRuntime(wm, max_batch=2, max_seq=4)
     for bad in (torch.zeros(1, 5, dtype=torch.long), torch.zeros(3, 2, dtype=torch.long)):

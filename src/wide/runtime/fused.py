@@ -9,8 +9,9 @@ Per layer (``wide.kernels.fused_decode``; docs/kernels.md, "Fused decode layer")
 The hidden state h a router reads is the RMSNorm the previous kernel wrote in the model dtype (the
 first layer's by one norm launch per step; the last layer's FFN kernel applies the model's final norm),
 and the decision is ``router_decisions`` on it: the same op, on the same kind of input, as the unfused
-runtime (routers with ``router_input="residual"`` read the residual stream x the kernels also write). One code path serves ``routed=True`` and the dense baseline (``mask=None``: every group runs).
-Prefill is unchanged (``wide.runtime.model.layer_step``). No host sync: CUDA-graph capturable.
+runtime (routers with ``router_input="residual"`` read the residual stream x the kernels also write).
+One code path serves ``routed=True`` and the dense baseline (``mask=None``: every group runs). Prefill is
+unchanged (``wide.runtime.model.layer_step``). No host sync: CUDA-graph capturable.
 """
 
 from __future__ import annotations

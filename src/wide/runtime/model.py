@@ -269,6 +269,11 @@ class WideRuntime:
         self.wm, self.hf = wm, wm.model
         self.layers = decoder_layers(self.hf)
         d, s = wm.dims, wm.shape
+        if routed and wm.config.method in ("layer-skip", "teal"):  # one decision for both blocks / thresholds
+            raise ValueError(
+                f"WideRuntime serves per-group routers; these are {wm.config.method}'s: run them with the masked "
+                "path (the routed model itself)"
+            )
         if routed and s.attn_heads_per_group != d.gqa_group:
             raise ValueError(
                 f"the routed kernels take one attention decision per KV group ({d.gqa_group} heads); these "
