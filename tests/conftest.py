@@ -35,8 +35,10 @@ def tiny_model(
     inter: int = 128,
     vocab: int = 101,
     seed: int = 0,
+    **config,
 ):
-    """A randomly initialised causal LM of the given family, fp32, eval mode."""
+    """A randomly initialised causal LM of the given family, fp32, eval mode (``config``: more fields of the
+    family's config, e.g. ``sliding_window``)."""
     import transformers as tf
 
     torch.manual_seed(seed)
@@ -56,7 +58,7 @@ def tiny_model(
         "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM),
     }[family]
     extra = {"head_dim": hidden // heads} if family == "qwen3" else {}
-    model = cls[1](cls[0](**common, **extra)).eval()
+    model = cls[1](cls[0](**common, **extra, **config)).eval()
     model.config.wide_model_id = f"tiny-{family}"
     return model
 

@@ -154,6 +154,32 @@ def test_runtime_rejects_non_gqa_routers_and_oversized_prompts():
         WideRuntime(wm, max_batch=0, max_seq=4)
 
 
+def test_runtime_refuses_what_its_step_would_compute_otherwise():
+    """A sliding attention window shorter than the cache (the step attends to every cached key) and MLP biases
+    (the step reads the projections' weights): a one-line error, where a window the cache never exceeds is
+    served."""
+    ids = torch.randint(0, 101, (1, 16))
+    windowed = tiny_model("mistral", sliding_window=8)
+    with torch.no_grad():  # the window matters to the Hugging Face model at 16 tokens
+        windowed.config.sliding_window = None
+        full = windowed(ids).logits
+        windowed.config.sliding_window = 8
+        assert not torch.allclose(windowed(ids).logits, full)
+    wm = WideModel(windowed, WideConfig(ffn_group_size=16, router_rank=8))
+    with pytest.raises(ValueError, match="looks back 8 keys at most, the cache holds max_seq=16"):
+        WideRuntime(wm, max_batch=1, max_seq=16)
+    WideRuntime(wm, max_batch=1, max_seq=8)  # never more keys than the window
+    wm.detach()
+    qwen = tiny_model("qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=1)
+    wm = WideModel(qwen, WideConfig(ffn_group_size=16, router_rank=8))
+    with pytest.raises(ValueError, match="looks back 8 keys"):
+        WideRuntime(wm, max_batch=1, max_seq=16, routed=False)
+    wm.detach()
+    wm = WideModel(tiny_model("llama", mlp_bias=True), WideConfig(ffn_group_size=16, router_rank=8))
+    with pytest.raises(ValueError, match="layer 0's MLP projections have biases"):
+        WideRuntime(wm, max_batch=1, max_seq=8)
+
+
 def test_runtime_names_unsupported_families():
     import transformers as tf
 

@@ -234,6 +234,30 @@ def fuse_linears(linears: list) -> tuple[torch.Tensor, torch.Tensor | None]:
     return w, b
 
 
+def sliding_window(config) -> int | None:
+    """Keys a query attends back to, when the model's config limits them (Mistral's ``sliding_window``; Qwen2 /
+    Qwen3 layers of type "sliding_attention"), else None."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if types is not None and "sliding_attention" not in types:
+        return None
+    return window or None
+
+
+def unserved_features(model: torch.nn.Module, max_seq: int) -> str | None:
+    """What of this Hugging Face model the runtime's layer step would compute differently, or None: biases in
+    the MLP projections (the step reads their weights only), a sliding attention window shorter than the cache
+    (the step attends to every cached key)."""
+    for i, layer in enumerate(decoder_layers(model)):
+        mlp = layer.mlp
+        if any(getattr(mlp, n).bias is not None for n in ("gate_proj", "up_proj", "down_proj")):
+            return f"layer {i}'s MLP projections have biases"
+    window = sliding_window(model.config)
+    if window is not None and window < max_seq:
+        return f"its attention looks back {window} keys at most, the cache holds max_seq={max_seq}"
+    return None
+
+
 class WideRuntime:
     """Prefill / decode over a static cache; routed through the kernels (or dense with routed=False).
 
@@ -285,6 +309,9 @@ class WideRuntime:
         p = next(self.hf.parameters())
         if max_batch < 1 or max_seq < 1:
             raise ValueError(f"max_batch and max_seq must be >= 1, got {max_batch}, {max_seq}")
+        why = unserved_features(self.hf, max_seq)
+        if why is not None:
+            raise ValueError(f"WideRuntime does not serve this model: {why} (WideModel runs it)")
         if p.is_cuda and p.dtype != torch.bfloat16 and d.head_dim > MAX_HEAD_DIM_WIDE_DTYPES:
             raise ValueError(
                 f"WideRuntime serves {p.dtype} models up to head_dim {MAX_HEAD_DIM_WIDE_DTYPES} on the GPU (bf16 at "
