@@ -178,6 +178,10 @@ def test_runtime_refuses_what_its_step_would_compute_otherwise():
     wm = WideModel(tiny_model("llama", mlp_bias=True), WideConfig(ffn_group_size=16, router_rank=8))
     with pytest.raises(ValueError, match="layer 0's MLP projections have biases"):
         WideRuntime(wm, max_batch=1, max_seq=8)
+    wm.detach()
+    wm = WideModel(tiny_model("llama", hidden_act="gelu"), WideConfig(ffn_group_size=16, router_rank=8))
+    with pytest.raises(ValueError, match="activation is 'gelu', the runtime's is SiLU"):
+        WideRuntime(wm, max_batch=1, max_seq=8, routed=False)
 
 
 def test_runtime_names_unsupported_families():

@@ -245,9 +245,12 @@ def sliding_window(config) -> int | None:
 
 
 def unserved_features(model: torch.nn.Module, max_seq: int) -> str | None:
-    """What of this Hugging Face model the runtime's layer step would compute differently, or None: biases in
-    the MLP projections (the step reads their weights only), a sliding attention window shorter than the cache
-    (the step attends to every cached key)."""
+    """What of this Hugging Face model the runtime's layer step would compute differently, or None: an MLP
+    activation other than SiLU (the step's is SwiGLU), biases in the MLP projections (the step reads their
+    weights only), a sliding attention window shorter than the cache (the step attends to every cached key)."""
+    act = getattr(model.config, "hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        return f"its MLP activation is {act!r}, the runtime's is SiLU"
     for i, layer in enumerate(decoder_layers(model)):
         mlp = layer.mlp
         if any(getattr(mlp, n).bias is not None for n in ("gate_proj", "up_proj", "down_proj")):
