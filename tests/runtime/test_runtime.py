@@ -170,6 +170,9 @@ def test_runtime_refuses_what_its_step_would_compute_otherwise():
         WideRuntime(wm, max_batch=1, max_seq=16)
     WideRuntime(wm, max_batch=1, max_seq=8)  # never more keys than the window
     wm.detach()
+    WideRuntime(
+        WideModel(tiny_model("qwen2", sliding_window=8), WideConfig(ffn_group_size=16)), max_batch=1, max_seq=16
+    )
     qwen = tiny_model("qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=1)
     wm = WideModel(qwen, WideConfig(ffn_group_size=16, router_rank=8))
     with pytest.raises(ValueError, match="looks back 8 keys"):

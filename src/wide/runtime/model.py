@@ -239,8 +239,8 @@ def sliding_window(config) -> int | None:
     Qwen3 layers of type "sliding_attention"), else None."""
     window = getattr(config, "sliding_window", None)
     types = getattr(config, "layer_types", None)
-    if types is not None and "sliding_attention" not in types:
-        return None
+    if getattr(config, "use_sliding_window", None) is False or (types is not None and "sliding_attention" not in types):
+        return None  # Qwen2 / Qwen3 keep a window size in the config with the window switched off
     return window or None
 
 
