@@ -91,7 +91,7 @@ def comparisons(done: list[dict], by_name: dict[str, dict], dense: dict | None) 
     for r in done:
         plain = r["method"] == "wide" and r.get("distill", "none") == "none"
         plain = plain and r.get("sparsity_kind") == "groups" and r.get("attn_target") is None
-        plain = plain and r.get("ffn_group_size", 128) == 128
+        plain = plain and r.get("ffn_group_size", 128) == 128 and not r.get("extra_args")
         if not plain:
             continue
         lv = level_of(r, by_name)

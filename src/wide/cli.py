@@ -126,6 +126,7 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
         tau_start=a.tau_start,
         tau_end=a.tau_end,
         router_input=a.router_input,
+        ffn_router_source=a.ffn_router_source,
         method=method,
         sparsity_kind=a.sparsity_kind,
         distill=a.distill,
@@ -490,6 +491,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["normed", "residual"],
         default="normed",
         help="what the routers read: the block's normed input or the residual stream",
+    )
+    c.add_argument(
+        "--ffn-router-source",
+        choices=["block", "layer"],
+        default="block",
+        help="where the FFN router reads it: the FFN block's input (the paper) or the layer's, as the attention "
+        "router does (both decisions known at the layer's start)",
     )
     c.add_argument(
         "--method",

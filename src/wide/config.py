@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 ROUTER_INPUTS = ("normed", "residual")
+FFN_ROUTER_SOURCES = ("block", "layer")
 # Methods a router checkpoint can hold (docs/baselines.md): WIDE itself, the token-wise depth baselines,
 # and the training-free width baselines (wide.baselines).
 METHODS = ("wide", "module-skip", "layer-skip", "static-width", "teal")
@@ -75,6 +76,9 @@ class WideConfig:
         loss of paper eq. 22 with separate targets.
     router_input: "normed" routes on the normalised hidden state entering attention / FFN,
         "residual" on the residual stream (as the authors' code does).
+    ffn_router_source: "block" — the FFN router reads the FFN block's input (the paper); "layer" — it reads
+        the layer's input, as the attention router does, so both decisions are known when the layer starts
+        and the FFN router can run beside attention (docs/kernels.md, open problems).
     module_skipping: the SkipGPT-style baseline — one decision per token for the whole attention
         block and one for the whole FFN (group sizes are then ignored). Same as method="module-skip".
     method: "wide", or a baseline of docs/baselines.md: "module-skip", "layer-skip" (one decision
@@ -99,6 +103,7 @@ class WideConfig:
     tau_start: float = 5.0
     tau_end: float = 0.5
     router_input: Literal["normed", "residual"] = "normed"
+    ffn_router_source: Literal["block", "layer"] = "block"
     module_skipping: bool = False
     method: str = "wide"
     sparsity_kind: str = "groups"
@@ -138,6 +143,12 @@ class WideConfig:
             raise WideConfigError("tau_start and tau_end must be > 0")
         if self.router_input not in ROUTER_INPUTS:
             raise WideConfigError(f"router_input must be one of {ROUTER_INPUTS}, got {self.router_input!r}")
+        if self.ffn_router_source not in FFN_ROUTER_SOURCES:
+            raise WideConfigError(
+                f"ffn_router_source must be one of {FFN_ROUTER_SOURCES}, got {self.ffn_router_source!r}"
+            )
+        if self.ffn_router_source == "layer" and self.method in ("layer-skip", "teal"):
+            raise WideConfigError(f"ffn_router_source='layer' needs an FFN router of its own; {self.method} has none")
         if self.method not in METHODS:
             raise WideConfigError(f"method must be one of {METHODS}, got {self.method!r}")
         if self.module_skipping and self.method != "module-skip":

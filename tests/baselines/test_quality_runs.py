@@ -161,6 +161,14 @@ def test_spec_checks_order_and_device_spec():
     assert all(s.lora_steps == 300 and s.batch_size is None for s in recovered)
     assert {s.match_flops for s in recovered if s.match_flops} == {"wide-25-lora", "wide-50-lora"}
     assert all(names_by[s.match_flops].lora_steps == s.lora_steps for s in recovered if s.match_flops)
+    # the FFN router on the layer input, at the budget of the calibration-only WIDE rows it is compared with
+    source = qr.load_specs([ROOT / "scripts" / "device" / "quality-router-source.json"])
+    qr.check_specs(specs + sweep + long + skip_lora + base_lora + source)
+    for s in source:
+        ref = names_by[f"wide-{round(100 * s.target)}"]
+        assert (s.steps, s.method, s.batch_size) == (ref.steps, ref.method, ref.batch_size)
+        args = [str(x) for x in qr.calibrate_args(s, a, Path("out"))]
+        assert args[args.index("--ffn-router-source") + 1] == "layer"
     levers = {s.name: s for s in specs if s.name.startswith("wide-50-") and not s.lora_steps}
     assert {s.distill for s in levers.values()} == {"none", "kl+lm"} and levers[
         "wide-50-flops"
@@ -348,6 +356,7 @@ def test_quality_table_levels_and_comparisons():
         rec("m50-lora", "module-skip", 0.37, 80.0, 0.40, target=0.5, lora_steps=5),
         rec("s50-lora", "static-width", 0.37, 60.0, 0.41, steps=0, lora_steps=5, match_flops="w50-lora"),
         rec("w50-long", "wide", 0.36, 45.0, 0.41, target=0.5, steps=40),
+        rec("w50-src", "wide", 0.36, 50.0, 0.41, target=0.5, extra_args=["--ffn-router-source", "layer"]),
     ]
     text = qt.table(records)
     t25, t50 = text.split("### Target 50%")
@@ -363,6 +372,7 @@ def test_quality_table_levels_and_comparisons():
     assert "`s50-lora`" in lora and "`m50`" not in lora and "`s50`" not in lora.replace("`s50-lora`", "")
     plain = text.split("WIDE row `w50` ")[1].split("\n\n")[0]
     assert "lora" not in plain and "`m50`" in plain
+    assert "WIDE row `w50-src`" not in text and "| w50-src | wide |" in t50  # a variant: a row, no comparison block
     long = text.split("WIDE row `w50-long` ")[1].split("\n\n")[0]
     assert "`s50`" in long and "`m50`" not in long
 

@@ -169,6 +169,39 @@ def test_masked_path_equals_weight_slicing_reference(family, attn_heads):
     torch.testing.assert_close(captured["y"], ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("source", ["block", "layer"])
+@pytest.mark.parametrize("router_input", ["normed", "residual"])
+def test_ffn_router_source_sets_what_the_ffn_router_reads(source, router_input):
+    """ffn_router_source="block": the FFN router reads the FFN block's input (post-attention norm / residual);
+    "layer": the layer's input, as the attention router does. The masks applied are those decisions."""
+    model = tiny_model("llama", layers=2, hidden=64, heads=4, kv=2, inter=64)
+    cfg = WideConfig(ffn_group_size=16, router_rank=8, router_input=router_input, ffn_router_source=source)
+    wm = WideModel(model, cfg)
+    for r in wm.routers:
+        torch.nn.init.normal_(r.attn.up.weight, std=2.0)
+        torch.nn.init.normal_(r.ffn.up.weight, std=2.0)
+    layer = model.model.layers[1]
+    seen = {}
+    hooks = [
+        layer.input_layernorm.register_forward_hook(lambda m, a, o: seen.update(x=a[0], h=o)),
+        layer.post_attention_layernorm.register_forward_hook(lambda m, a, o: seen.update(x2=a[0], h2=o)),
+    ]
+    with torch.no_grad():
+        wm(torch.randint(0, 101, (2, 7)))
+    for h in hooks:
+        h.remove()
+    layer_in = seen["h"] if router_input == "normed" else seen["x"]
+    block_in = seen["h2"] if router_input == "normed" else seen["x2"]
+    r = wm.routers[1]
+    with torch.no_grad():
+        assert torch.equal(wm.last_masks[1]["attn"], r.attn.skip_margin(layer_in) <= 0)
+        want = r.ffn.skip_margin(layer_in if source == "layer" else block_in) <= 0
+        other = r.ffn.skip_margin(block_in if source == "layer" else layer_in) <= 0
+    assert torch.equal(wm.last_masks[1]["ffn"], want) and not torch.equal(want, other)
+    wm.detach()
+    assert not any(n.startswith("_wide_slot") for m in model.modules() for n in vars(m))
+
+
 def test_all_execute_equals_dense_and_dense_mode_bypasses():
     model = tiny_model("llama")
     ids = torch.randint(0, 101, (2, 9))

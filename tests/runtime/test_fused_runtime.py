@@ -11,10 +11,13 @@ from wide.model import WideModel
 from wide.runtime import WideRuntime, generate
 
 
-def _routed(family: str, seed: int = 0, router_input: str = "normed"):
+def _routed(family: str, seed: int = 0, router_input: str = "normed", source: str = "block"):
     # head_dim 32 (the fused QKV kernel pairs RoPE halves of >= 16 columns), FFN groups of 16
     model = tiny_model(family, layers=2, hidden=128, heads=4, kv=2, inter=96, seed=seed)
-    wm = WideModel(model, WideConfig(ffn_group_size=16, router_rank=8, sparsity=0.5, router_input=router_input))
+    cfg = WideConfig(
+        ffn_group_size=16, router_rank=8, sparsity=0.5, router_input=router_input, ffn_router_source=source
+    )
+    wm = WideModel(model, cfg)
     for r in wm.routers:  # mixed decisions
         torch.nn.init.normal_(r.attn.up.weight, std=2.0)
         torch.nn.init.normal_(r.ffn.up.weight, std=2.0)
@@ -42,10 +45,12 @@ def test_fused_greedy_decode_equals_unfused_and_masked_path(family):
     assert torch.equal(fused, _masked_greedy(wm, ids, 5))
 
 
-def test_fused_decode_routes_on_the_residual_stream_when_the_routers_do():
-    """router_input="residual": the fused step's routers read the residual entering attention / the FFN, as
-    the masked path's and the unfused runtime's do (their decisions differ from routing on the norm)."""
-    model, wm = _routed("llama", seed=1, router_input="residual")
+@pytest.mark.parametrize(("router_input", "source"), [("residual", "block"), ("normed", "layer")])
+def test_fused_decode_routers_read_what_the_masked_path_reads(router_input, source):
+    """router_input="residual": the fused step's routers read the residual entering attention / the FFN;
+    ffn_router_source="layer": the FFN router reads the layer's input. As the masked path's and the unfused
+    runtime's do (their decisions differ from the default's: the normed input of each block)."""
+    model, wm = _routed("llama", seed=1, router_input=router_input, source=source)
     for layer, r in zip(model.model.layers, wm.routers, strict=True):  # norm and margin offsets: the two differ
         layer.input_layernorm.weight.data.uniform_(0.2, 2.0)
         layer.post_attention_layernorm.weight.data.uniform_(0.2, 2.0)
@@ -59,7 +64,7 @@ def test_fused_decode_routes_on_the_residual_stream_when_the_routers_do():
     rt.prefill(ids)
     rt.decode(fused[:, 4:5])
     residual = [m for pair in rt.fused_masks for m in pair]
-    wm.config.router_input = "normed"  # the same routers reading the norm decide otherwise
+    wm.config.router_input, wm.config.ffn_router_source = "normed", "block"  # the default reads otherwise
     rt = WideRuntime(wm, max_batch=3, max_seq=16, fused_decode=True)
     rt.prefill(ids)
     rt.decode(fused[:, 4:5])

@@ -14,9 +14,11 @@ from wide.runtime import GraphedPrefill, WideRuntime, generate
 from wide.runtime.model import fuse_linears
 
 
-def _routed(family: str, sparsity=0.5, seed=0, router_input="normed"):
+def _routed(family: str, sparsity=0.5, seed=0, router_input="normed", source="block"):
     model = tiny_model(family, layers=2, hidden=64, heads=4, kv=2, inter=64, seed=seed)
-    cfg = WideConfig(ffn_group_size=16, router_rank=8, sparsity=sparsity, router_input=router_input)
+    cfg = WideConfig(
+        ffn_group_size=16, router_rank=8, sparsity=sparsity, router_input=router_input, ffn_router_source=source
+    )
     wm = WideModel(model, cfg)
     for r in wm.routers:  # mixed decisions
         torch.nn.init.normal_(r.attn.up.weight, std=2.0)
@@ -199,18 +201,24 @@ def test_runtime_names_unsupported_families():
 
 # --------------------------------------------------------------------------- served = evaluated (CPU)
 @pytest.mark.parametrize(
-    ("family", "router_input"),
-    [("llama", "normed"), ("qwen2", "normed"), ("qwen3", "normed"), ("mistral", "normed"), ("llama", "residual")],
+    ("family", "router_input", "source"),
+    [
+        *((f, "normed", "block") for f in ("llama", "qwen2", "qwen3", "mistral")),
+        ("llama", "residual", "block"),
+        ("qwen3", "normed", "layer"),
+        ("llama", "residual", "layer"),
+    ],
 )
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_scores_and_decisions_equal_the_masked_path_in_low_precision(family, router_input, dtype, monkeypatch):
+def test_scores_and_decisions_equal_the_masked_path_in_low_precision(family, router_input, source, dtype, monkeypatch):
     """In bf16 / fp16 the runtime makes the masked path's decisions (0 differing, every layer and kind)
     and its logits at every position are the masked path's, bit for bit: one decision rule, and on the CPU
     the same torch arithmetic for the backbone (docs/routing.md#the-decision-rule). Runs the torch path a
     CPU user runs (the interpreter's kernels compute the GEMMs in their own order). Routers that read the
-    residual stream (``router_input="residual"``) read it in the runtime too."""
+    residual stream (``router_input="residual"``), or an FFN router that reads the layer input
+    (``ffn_router_source="layer"``), read the same in the runtime."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    model, wm = _routed(family, seed=2, router_input=router_input)
+    model, wm = _routed(family, seed=2, router_input=router_input, source=source)
     model.to(dtype)
     ids = torch.randint(0, 101, (3, 41))
     with torch.no_grad():

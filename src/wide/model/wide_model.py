@@ -103,19 +103,22 @@ class WideModel(nn.Module):
 
     # ------------------------------------------------------------------ hooks
     # One hook function per kind and position, shared by every layer: the layer's routers and masks are
-    # found through a plain attribute (`_wide_slot`, not a registered submodule, so the base model's
-    # state_dict is untouched) on the hooked module. Nothing layer-specific (no layer index, no
+    # found through a plain attribute (`_wide_slot_<kind>` on the norm a router reads, `_wide_slot` on the
+    # projection it masks; not registered submodules, so the base model's state_dict is untouched) on the
+    # hooked module. Nothing layer-specific (no layer index, no
     # per-layer closure) is read on the traced path, so torch.compile traces the decoder layer once and
     # reuses that code for every layer (see compile_layers).
     def _attach(self, layers: nn.ModuleList) -> None:
         hooks = {kind: (self._router_hook(kind), self._mask_hook(kind)) for kind in ("attn", "ffn")}
+        layer_input = self.config.ffn_router_source == "layer"  # the FFN router reads the attention's norm
         for i, layer in enumerate(layers):
             for kind, norm, proj in (
                 ("attn", layer.input_layernorm, layer.self_attn.o_proj),
-                ("ffn", layer.post_attention_layernorm, layer.mlp.down_proj),
+                ("ffn", layer.input_layernorm if layer_input else layer.post_attention_layernorm, layer.mlp.down_proj),
             ):
                 slot = _Slot(i, getattr(self.routers[i], kind), self.last_masks[i])
-                norm._wide_slot = proj._wide_slot = slot
+                setattr(norm, "_wide_slot_" + kind, slot)
+                proj._wide_slot = slot
                 router_hook, mask_hook = hooks[kind]
                 self._handles += [norm.register_forward_hook(router_hook), proj.register_forward_pre_hook(mask_hook)]
                 self._slotted += [norm, proj]
@@ -145,14 +148,17 @@ class WideModel(nn.Module):
             h.remove()
         self._handles.clear()
         for m in self._slotted:
-            m.__dict__.pop("_wide_slot", None)
+            for name in ("_wide_slot", "_wide_slot_attn", "_wide_slot_ffn"):
+                m.__dict__.pop(name, None)
         self._slotted.clear()
 
     def _router_hook(self, kind: str):
+        attr = "_wide_slot_" + kind
+
         def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
             if self.mode == "dense":
                 return
-            slot = module._wide_slot
+            slot = getattr(module, attr)
             x = output if self.config.router_input == "normed" else args[0]  # x: [B, T, D]
             margin = slot.router.skip_margin(x)  # [B, T, N_G] fp32: the one decision rule (wide.routing)
             argmax_exec = margin <= 0  # [B, T, N_G] bool

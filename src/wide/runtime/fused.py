@@ -9,7 +9,8 @@ Per layer (``wide.kernels.fused_decode``; docs/kernels.md, "Fused decode layer")
 The hidden state h a router reads is the RMSNorm the previous kernel wrote in the model dtype (the
 first layer's by one norm launch per step; the last layer's FFN kernel applies the model's final norm),
 and the decision is ``router_decisions`` on it: the same op, on the same kind of input, as the unfused
-runtime (routers with ``router_input="residual"`` read the residual stream x the kernels also write).
+runtime (routers with ``router_input="residual"`` read the residual stream x the kernels also write; with
+``ffn_router_source="layer"`` the FFN router runs at the layer's start, beside the attention router).
 One code path serves ``routed=True`` and the dense baseline (``mask=None``: every group runs). Prefill is
 unchanged (``wide.runtime.model.layer_step``). No host sync: CUDA-graph capturable.
 """
@@ -139,7 +140,10 @@ def fused_decode_step(rt, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     final = rt.hf.model.norm
     masks = []  # per layer (attention [B, Hk], FFN [B, G]) when routed: rt.fused_masks (benchmarks read them)
     for i, w in enumerate(layers):
-        mask_a = router_decisions(x if st.router_residual else h, *w.router_attn) if w.router_attn is not None else None
+        rin = x if st.router_residual else h  # [B, D]: what the routers read
+        mask_a = router_decisions(rin, *w.router_attn) if w.router_attn is not None else None
+        early = w.router_ffn is not None and st.ffn_router_from_layer  # the FFN router reads the layer input
+        mask_f = router_decisions(rin, *w.router_ffn) if early else None
         q = FD.qkv_rope_cache(
             h, w.w_qkv, w.b_qkv, mask_a, cos, sin, p, rt.cache.k[i], rt.cache.v[i], st.n_q,
             w.q_norm, w.k_norm, st.qk_eps,
@@ -148,7 +152,8 @@ def fused_decode_step(rt, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
             q, rt.cache.k[i], rt.cache.v[i], lens, mask_a if mask_a is not None else dense_mask, len_add=1
         )
         x, h = FD.o_proj_residual_norm(o.view(b, -1), w.wo, w.bo, mask_a, x, w.ln_ffn, w.eps_ffn)
-        mask_f = router_decisions(x if st.router_residual else h, *w.router_ffn) if w.router_ffn is not None else None
+        if w.router_ffn is not None and not early:
+            mask_f = router_decisions(x if st.router_residual else h, *w.router_ffn)
         nxt = layers[i + 1] if i + 1 < len(layers) else None
         norm_w, eps = (nxt.ln_attn, nxt.eps_attn) if nxt is not None else (final.weight, final.variance_epsilon)
         x, h = FD.ffn_residual_norm(h, w.w_gate, w.w_up, w.w_down, mask_f, x, norm_w, float(eps), rt.g_ffn, w.b_down)

@@ -108,6 +108,7 @@ class StepConfig(NamedTuple):
     qk_eps: float
     force_k: str | None  # GEMM-K path forced for O and down (None: the plan's choice)
     router_residual: bool  # the routers read the residual stream, not its norm (WideConfig.router_input)
+    ffn_router_from_layer: bool  # the FFN router reads the layer's input (WideConfig.ffn_router_source)
     # expected skipped fractions (bucketed: ``K.sparsity_bucket``), what ``K.plan`` reads per decision
     attn_sparsity_hint: float | None = None
     ffn_sparsity_hint: float | None = None
@@ -122,13 +123,18 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 def _attention(
     x: torch.Tensor, cos, sin, pos, lens, w: LayerWeights, ck: torch.Tensor, cv: torch.Tensor, st: StepConfig
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """x: [B, T, D] -> (attention block output [B, T, D], execute mask [B, T, Hk] or None when dense);
-    writes this layer's K/V into the cache."""
+    """x: [B, T, D] -> (attention block output [B, T, D], execute mask [B, T, Hk], and the FFN's [B, T, N_G]
+    when its router reads the layer input; None when dense or not decided here); writes this layer's K/V into
+    the cache."""
     b, t, _ = x.shape
     h2 = rms_norm(x, w.ln_attn, st.eps).reshape(b * t, -1)  # [M, D]
     kv_width = st.n_kv * st.head_dim
+    ffn_mask = None
     if st.routed:
-        mask = K.router_decisions(x if st.router_residual else h2.view(b, t, -1), *w.head_attn)  # [B, T, Hk]
+        rin = x if st.router_residual else h2.view(b, t, -1)  # [B, T, D]: what the routers read
+        mask = K.router_decisions(rin, *w.head_attn)  # [B, T, Hk]
+        if st.ffn_router_from_layer:
+            ffn_mask = K.router_decisions(rin, *w.head_ffn)  # [B, T, N_G]
         k, v = F.linear(h2, w.w_kv, w.b_kv).split([kv_width, kv_width], dim=-1)  # [M, Hk*d] each
         plan = K.plan(b * t, st.g_attn, mask.shape[-1], st.attn_sparsity_hint, force_k=st.force_k)
         route = K.plan_route(mask, plan)
@@ -166,16 +172,19 @@ def _attention(
         y = y + w.bo
     if w.out_bias_attn is not None:
         y = y + w.out_bias_attn
-    return y.view(b, t, -1), mask
+    return y.view(b, t, -1), mask, ffn_mask
 
 
-def _ffn(x: torch.Tensor, w: LayerWeights, st: StepConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """x: [B, T, D] -> (FFN block output [B, T, D], execute mask [B, T, N_G] or None when dense)."""
+def _ffn(
+    x: torch.Tensor, w: LayerWeights, st: StepConfig, mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """x: [B, T, D] -> (FFN block output [B, T, D], execute mask [B, T, N_G] or None when dense); ``mask``:
+    the decisions already taken from the layer input (ffn_router_from_layer), else the router reads x's."""
     b, t, _ = x.shape
     h2 = rms_norm(x, w.ln_ffn, st.eps).reshape(b * t, -1)
-    mask = None
     if st.routed:
-        mask = K.router_decisions(x if st.router_residual else h2.view(b, t, -1), *w.head_ffn)  # [B, T, N_G]
+        if mask is None:
+            mask = K.router_decisions(x if st.router_residual else h2.view(b, t, -1), *w.head_ffn)  # [B, T, N_G]
         plan = K.plan(b * t, st.g_ffn, mask.shape[-1], st.ffn_sparsity_hint, force_k=st.force_k)
         route = K.plan_route(mask, plan)
         a = K.routed_swiglu(h2, w.w_gate, w.w_up, route, st.g_ffn)  # zeros if inactive
@@ -202,9 +211,9 @@ def layer_step(
     """One decoder layer: x [B, T, D] at positions pos [B, T] (cos/sin [B, T, d]; lens [B]: cached
     tokens before this step) -> (x [B, T, D], attention and FFN execute masks, None when dense).
     Tensors only (plus the static ``st``), so that one compiled step serves every layer."""
-    a, attn_mask = _attention(x, cos, sin, pos, lens, w, ck, cv, st)
+    a, attn_mask, ffn_mask = _attention(x, cos, sin, pos, lens, w, ck, cv, st)
     x = x + a
-    f, ffn_mask = _ffn(x, w, st)
+    f, ffn_mask = _ffn(x, w, st, ffn_mask)
     return x + f, attn_mask, ffn_mask
 
 
@@ -410,6 +419,7 @@ class WideRuntime:
             qk_eps=float(qn.variance_epsilon) if qn is not None else 0.0,
             force_k=self.force_k,
             router_residual=self.wm.config.router_input == "residual",
+            ffn_router_from_layer=self.wm.config.ffn_router_source == "layer",
             attn_sparsity_hint=K.sparsity_bucket(attn_hint, self.g_attn),
             ffn_sparsity_hint=K.sparsity_bucket(ffn_hint, self.g_ffn),
         )
