@@ -105,9 +105,9 @@ class WideModel(nn.Module):
     # One hook function per kind and position, shared by every layer: the layer's routers and masks are
     # found through a plain attribute (`_wide_slot_<kind>` on the norm a router reads, `_wide_slot` on the
     # projection it masks; not registered submodules, so the base model's state_dict is untouched) on the
-    # hooked module. Nothing layer-specific (no layer index, no
-    # per-layer closure) is read on the traced path, so torch.compile traces the decoder layer once and
-    # reuses that code for every layer (see compile_layers).
+    # hooked module. Nothing layer-specific (no layer index, no per-layer closure) is read on the traced
+    # path, so torch.compile traces the decoder layer once and reuses that code for every layer (see
+    # compile_layers).
     def _attach(self, layers: nn.ModuleList) -> None:
         hooks = {kind: (self._router_hook(kind), self._mask_hook(kind)) for kind in ("attn", "ffn")}
         layer_input = self.config.ffn_router_source == "layer"  # the FFN router reads the attention's norm

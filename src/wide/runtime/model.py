@@ -122,7 +122,7 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 
 def _attention(
     x: torch.Tensor, cos, sin, pos, lens, w: LayerWeights, ck: torch.Tensor, cv: torch.Tensor, st: StepConfig
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """x: [B, T, D] -> (attention block output [B, T, D], execute mask [B, T, Hk], and the FFN's [B, T, N_G]
     when its router reads the layer input; None when dense or not decided here); writes this layer's K/V into
     the cache."""
