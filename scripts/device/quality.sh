@@ -34,7 +34,9 @@
 #     a new name: the first run's routers did not come back from the machine)
 # Env (defaults): SPEC (scripts/device/quality-first.json) WORK ($HOME/quality) JOBS (3) BUDGET_S (480)
 #   GRACE_S (60) BATCH (8) SEQ (2048) SAVE_EVERY (100) EVAL_LIMIT (500; empty: full sets) EVAL_BATCH
-#   (16) COMPILE (0; 1: --compile) PACK_PARTS (3) QUALITY_EXTRA (more quality_runs.py flags).
+#   (16) COMPILE (0; 1: --compile) PACK_PARTS (3; 2 with TEST_S) QUALITY_EXTRA (more quality_runs.py flags)
+#   TEST_S (0): also run the GPU test suite (TESTS: tests/kernels tests/runtime; 8 workers, WIDE_AUTOTUNE_MAX=1)
+#   beside the rows, from 20 s in, for at most TEST_S s -> $OUT/gpu-tests-h200.log (one file more back).
 # CPU smoke test (the --tiny rows instead of SPEC):
 #   QUALITY_EXTRA=--tiny JOBS=2 BUDGET_S=120 WORK=/tmp/qw WIDE_DATA=../shared/data bash scripts/device/quality.sh /tmp/qo
 # Exit: the driver's (0 also when rows failed or were stopped: see the records), 4 model or data missing.
@@ -74,6 +76,18 @@ fi
 [ -f "$WORK/quality.json" ] || [ ! -f "$C/quality.json" ] || cp "$C/quality.json" "$WORK/"
 [ -f "$WORK/quality.json" ] && cp "$WORK/quality.json" "$OUT/quality.json"
 
+tests=""
+if [ "${TEST_S:-0}" != 0 ]; then
+  (
+    sleep 20
+    N=""; python3 -c "import xdist" 2>/dev/null && N="-n 8"
+    # shellcheck disable=SC2086  # $N, TESTS: zero or more args
+    PYTHONPATH=$PWD/src WIDE_AUTOTUNE_MAX=1 timeout "$TEST_S" python3 -m pytest -q -m "not slow" $N \
+      -p no:cacheprovider ${TESTS:-tests/kernels tests/runtime} >"$OUT/gpu-tests-h200.log" 2>&1
+    echo "pytest exit $?" >>"$OUT/gpu-tests-h200.log"
+  ) &
+  tests=$!
+fi
 mon=""
 if command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv -l 10 >"$OUT/quality-gpu.csv" 2>&1 &
@@ -90,6 +104,7 @@ python3 scripts/quality_runs.py --spec ${SPEC:-scripts/device/quality-first.json
   tee "$OUT/quality-driver.log"
 rc=${PIPESTATUS[0]}
 [ -z "$mon" ] || kill "$mon"
+[ -z "$tests" ] || wait "$tests"
 
 [ -f "$OUT/quality.json" ] && cp "$OUT/quality.json" "$WORK/quality.json"
 for f in "$WORK"/*/log.txt; do
@@ -99,6 +114,7 @@ for f in "$WORK"/*/log.txt; do
 done >"$OUT/quality-tails.txt"
 
 # $OUT/quality-work/work.tar.NN: what lets a fresh machine go on, whole rows only (scripts/device/pack_work.py)
-python3 scripts/device/pack_work.py "$WORK" "$OUT/quality-work" "${PACK_PARTS:-3}"
+P=3; [ "${TEST_S:-0}" = 0 ] || P=2
+python3 scripts/device/pack_work.py "$WORK" "$OUT/quality-work" "${PACK_PARTS:-$P}"
 ls -la "$OUT" "$OUT/quality-work"
 exit "$rc"
