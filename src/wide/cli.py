@@ -256,9 +256,10 @@ def cmd_generate(a: argparse.Namespace) -> int:
     routed = a.routers is not None
     if routed:
         from wide.baselines import method_of
+        from wide.config import NO_GROUP_ROUTERS
 
         method = method_of(a.routers)
-        if method in ("layer-skip", "teal"):
+        if method in NO_GROUP_ROUTERS:
             raise ValueError(f"--routers {a.routers}: the kernel runtime serves per-group routers, not {method}")
         wm = load_routers(model, a.routers)
     else:  # the dense runtime needs the model's dimensions only; these routers are never run

@@ -14,6 +14,9 @@ FFN_ROUTER_SOURCES = ("block", "layer")
 # Methods a router checkpoint can hold (docs/baselines.md): WIDE itself, the token-wise depth baselines,
 # and the training-free width baselines (wide.baselines).
 METHODS = ("wide", "module-skip", "layer-skip", "static-width", "teal")
+# Methods without a router per block and group: layer skipping ties the FFN's decision to the attention's, TEAL
+# thresholds activations. The runtime serves the others only (wide.runtime.WideRuntime).
+NO_GROUP_ROUTERS = ("layer-skip", "teal")
 SPARSITY_KINDS = ("groups", "flops")
 DISTILL = ("none", "kl", "kl+lm")
 
@@ -147,7 +150,7 @@ class WideConfig:
             raise WideConfigError(
                 f"ffn_router_source must be one of {FFN_ROUTER_SOURCES}, got {self.ffn_router_source!r}"
             )
-        if self.ffn_router_source == "layer" and self.method in ("layer-skip", "teal"):
+        if self.ffn_router_source == "layer" and self.method in NO_GROUP_ROUTERS:
             raise WideConfigError(f"ffn_router_source='layer' needs an FFN router of its own; {self.method} has none")
         if self.method not in METHODS:
             raise WideConfigError(f"method must be one of {METHODS}, got {self.method!r}")

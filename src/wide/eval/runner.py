@@ -276,7 +276,9 @@ def run_eval(
             lm.path = "masked"
             return lm
 
-        unsupported = wm is not None and wm.config.method in ("layer-skip", "teal")
+        from wide.config import NO_GROUP_ROUTERS
+
+        unsupported = wm is not None and wm.config.method in NO_GROUP_ROUTERS
         if runtime is False or (runtime is None and (unsupported or not str(device).startswith("cuda"))):
             return masked()
         if unsupported:

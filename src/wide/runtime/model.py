@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from wide import kernels as K
+from wide.config import NO_GROUP_ROUTERS
 from wide.kernels.fused_decode import rms_norm_ref as rms_norm
 from wide.kernels.fused_decode import rotate_half
 from wide.model.checkpoint import FittedRates
@@ -305,7 +306,7 @@ class WideRuntime:
         self.wm, self.hf = wm, wm.model
         self.layers = decoder_layers(self.hf)
         d, s = wm.dims, wm.shape
-        if routed and wm.config.method in ("layer-skip", "teal"):  # one decision for both blocks / thresholds
+        if routed and wm.config.method in NO_GROUP_ROUTERS:
             raise ValueError(
                 f"WideRuntime serves per-group routers; these are {wm.config.method}'s: run them with the masked "
                 "path (the routed model itself)"
