@@ -344,6 +344,24 @@ def test_resume_refuses_changed_flags_before_loading(tiny_dir, text_file, tmp_pa
     assert [r["step"] for r in _log_steps(out)] == [1, 2, 3, 4]
 
 
+def test_resume_of_a_run_older_than_a_config_field(tiny_dir, text_file, tmp_path, capsys):
+    """A run started before a WideConfig field existed resumes (it had the field's default) and still refuses
+    a value other than that default."""
+    from wide.train.calibrate import STATE_NAME, latest_checkpoint, read_state, write_state
+
+    out = tmp_path / "run"
+    assert calibrate_tiny(tiny_dir, text_file, out, "--save-every", 2, steps=4) == 0
+    state = latest_checkpoint(out) / STATE_NAME
+    tensors, meta = read_state(state)
+    del meta["wide_config"]["ffn_router_source"]
+    write_state(state, tensors, meta)
+    capsys.readouterr()
+    assert calibrate_tiny(tiny_dir, text_file, out, "--resume", "--ffn-router-source", "layer", steps=4) == 2
+    assert "--resume: --ffn-router-source 'layer' differs from 'block'" in capsys.readouterr().err
+    assert calibrate_tiny(tiny_dir, text_file, out, "--save-every", 2, "--resume", steps=6) == 2  # steps: schedules
+    assert calibrate_tiny(tiny_dir, text_file, out, "--save-every", 2, "--resume", steps=4) == 0
+
+
 def test_foreign_out_dir_needs_overwrite_and_stays_intact(tiny_dir, text_file, tmp_path, capsys, monkeypatch):
     out = tmp_path / "project"
     for name in ("checkpoint-500", "checkpoint-1000", "checkpoint-best"):

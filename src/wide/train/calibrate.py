@@ -23,7 +23,7 @@ import random
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -348,6 +348,10 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def _field_defaults(cls: type) -> dict:
+    return {f.name: f.default for f in fields(cls) if f.default is not MISSING}
+
+
 def _compare(what: str, saved: dict, now: dict, skip: frozenset = frozenset(), where: Path | None = None) -> None:
     for k in sorted(set(saved) | set(now)):
         if k in skip or saved.get(k) == now.get(k):
@@ -391,7 +395,9 @@ def check_out_dir(
         _compare("training", saved_extra, now_extra, where=out)
         _compare("training", saved_tc, {k: v for k, v in asdict(tc).items() if k != "extra"}, RESUME_MAY_CHANGE, out)
         if config is not None:
-            _compare("routing config", meta.get("wide_config", {}), config.to_dict(), where=out)
+            # a WideConfig field added after the run started was absent then, so the run had its default
+            saved_cfg = {**_field_defaults(WideConfig), **meta.get("wide_config", {})}
+            _compare("routing config", saved_cfg, config.to_dict(), where=out)
         if base_model is not None and meta.get("base_model") not in (None, base_model):
             raise ValueError(
                 f"--resume: --model {base_model!r} differs from {meta['base_model']!r} that the run in {out} "
