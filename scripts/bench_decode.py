@@ -149,8 +149,9 @@ def _write(out: str, rows: list[dict], meta: dict) -> None:
         run = ""
         if "measured_attn_union_run" in r:
             run = f"{r['measured_attn_union_run']:.2f} / {r['measured_ffn_union_run']:.2f}"
+        variant = r["variant"] + (" (FFN router on the layer input)" if r.get("ffn_router_source") == "layer" else "")
         lines.append(
-            f"| {r['variant']} | {r.get('fused', '')} | {r['B']} | {f(r.get('sparsity'), 2)} | {run} "
+            f"| {variant} | {r.get('fused', '')} | {r['B']} | {f(r.get('sparsity'), 2)} | {run} "
             f"| {f(r.get('tpot_ms'))} | {f(r.get('tpot_speedup'))} | {f(r.get('tpot_speedup_vs_dense_fused'))} "
             f"| {f(r.get('kernels_per_layer'))} | {f(r.get('tb_per_s'), 2)} | {(r.get('error') or '')[:60]} |"
         )
@@ -171,6 +172,11 @@ def main() -> None:
         "--kind-rates",
         default="0.6:0.41",
         help="extra level attn:ffn skip rates (default: the shipped SmolLM2 routers' '50%%' per-kind rates)",
+    )
+    ap.add_argument(
+        "--ffn-router-sources",
+        default="block",
+        help="WIDE rows per FFN router input (WideConfig.ffn_router_source), comma-separated: block, layer",
     )
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--layers", type=int, default=LLAMA_8B["num_hidden_layers"])
@@ -209,6 +215,8 @@ def run_all(args: argparse.Namespace, tune: dict[str, int]) -> None:
     if args.kind_rates:
         a_rate, f_rate = (float(v) for v in args.kind_rates.split(":"))
         levels.append((a_rate, f_rate))
+    sources = args.ffn_router_sources.split(",")
+    levels = [(a, f, src) for a, f in levels for src in sources]
     rows: list[dict] = []
 
     def left() -> float:
@@ -246,17 +254,20 @@ def run_all(args: argparse.Namespace, tune: dict[str, int]) -> None:
                 lambda b=b, fused=fused: measure(wm, False, fused, b, args.ctx, args.reps, compile=comp(fused)),
             )
             dense[(b, fused)] = r.get("tpot_ms")
-    for a_rate, f_rate in levels:
+    for a_rate, f_rate, src in levels:
         s = a_rate if a_rate == f_rate else f"attn {a_rate} / ffn {f_rate}"
+        wm.config.ffn_router_source = src  # read where routers are fitted and where a runtime is built
         try:
             routers_at(wm, a_rate, f_rate, probe)
         except Exception as exc:  # noqa: BLE001
-            rows.append({"kind": "tpot", "variant": "wide", "sparsity": s, "B": None, "error": f"routers: {exc}"})
+            rows.append({"kind": "tpot", "variant": "wide", "sparsity": s, "B": None, "ffn_router_source": src,
+                         "error": f"routers: {exc}"})  # fmt: skip
             continue
         for b in batches:
             for fused in (False, True):
+                rec = {"kind": "tpot", "variant": "wide", "fused": fused, "B": b, "sparsity": s}
                 r = run(
-                    {"kind": "tpot", "variant": "wide", "fused": fused, "B": b, "sparsity": s, "compiled": comp(fused)},
+                    {**rec, "compiled": comp(fused), "ffn_router_source": src},
                     lambda b=b, fused=fused, h=(a_rate, f_rate): measure(
                         wm, True, fused, b, args.ctx, args.reps, h, compile=comp(fused)
                     ),
@@ -269,7 +280,7 @@ def run_all(args: argparse.Namespace, tune: dict[str, int]) -> None:
                         r[key] = ref / r["tpot_ms"]
         for b in batches:  # unfused WIDE takes the same decisions: its bytes are the fused step's
             recs = {r["fused"]: r for r in rows if r.get("kind") == "tpot" and r["variant"] == "wide"
-                    and r.get("B") == b and r.get("sparsity") == s}  # fmt: skip
+                    and r.get("B") == b and r.get("sparsity") == s and r.get("ffn_router_source") == src}  # fmt: skip
             uf, fu = recs.get(False), recs.get(True)
             if uf and fu and uf.get("tpot_ms") and fu.get("bytes_read"):
                 uf["bytes_read"] = fu["bytes_read"]
@@ -280,7 +291,7 @@ def run_all(args: argparse.Namespace, tune: dict[str, int]) -> None:
         if s == 0.5:
             for b in (1,):
                 run(
-                    {"kind": "correctness", "variant": "wide", "B": b, "sparsity": s},
+                    {"kind": "correctness", "variant": "wide", "B": b, "sparsity": s, "ffn_router_source": src},
                     lambda b=b: correctness(wm, True, b),
                 )
     run({"kind": "correctness", "variant": "dense", "B": 1, "sparsity": 0.0}, lambda: correctness(wm, False, 1))
@@ -291,6 +302,7 @@ def run_all(args: argparse.Namespace, tune: dict[str, int]) -> None:
                     r["tpot_speedup"] = dense[(b, False)] / r["tpot_ms"]
                 if dense.get((b, True)):
                     r["tpot_speedup_vs_dense_fused"] = dense[(b, True)] / r["tpot_ms"]
+    wm.config.ffn_router_source = "block"
     wm.detach()
     if not args.no_hf and dev == "cuda":
         for b in batches:

@@ -8,6 +8,7 @@ import torch
 from tests.kernels.conftest import gpu
 from wide.kernels.router import (
     router_decisions,
+    router_decisions_pair,
     router_margin,
     router_margin_kernel,
     router_margin_ref,
@@ -149,6 +150,43 @@ def test_router_rejects_bad_heads(kernel_device):
         router_margin(h.to(torch.float64), w_down, w_margin, b_margin)
 
 
+# (M, D, rank a, N_G a, rank b, N_G b): the two routers of a pair differ in rank (BLOCK_R) and in groups
+# (BLOCK_G: the attention router's few KV groups, the FFN router's many), M over several row blocks
+PAIR_SHAPES = [(1, 200, 16, 3, 32, 70), (37, 96, 8, 130, 16, 7), (16, 576, 32, 4, 32, 12)]
+
+
+@pytest.mark.parametrize("shape", PAIR_SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("splits", [1, 4])
+def test_pair_equals_two_single_launches(shape, dtype, splits, kernel_device):
+    """Each mask of the one-launch pair is its router's own decision, bit for bit, whatever the other router."""
+    m, d, ra, nga, rb, ngb = shape
+    a = _router(d, ra, nga, dtype, kernel_device, seed=2)
+    b = _router(d, rb, ngb, dtype, kernel_device, seed=3)
+    h = _hidden(m, d, dtype, kernel_device)
+    conf = {"BLOCK_D": 32, "SPLITS": splits, "num_warps": 4}
+    got_a, got_b = router_decisions_pair(h, a, b, config=conf)
+    assert got_a.shape == (m, nga) and got_b.shape == (m, ngb) and got_a.dtype == got_b.dtype == torch.bool
+    assert torch.equal(got_a, router_decisions(h, *a, config=conf))
+    assert torch.equal(got_b, router_decisions(h, *b, config=conf))
+    assert torch.equal(got_a, router_margin_kernel(h, *a, config=conf) <= 0)
+    assert 0 < int(got_b.sum()) < got_b.numel()  # the comparison saw both decisions
+
+
+def test_pair_op_keeps_leading_dims_and_matches_the_rule():
+    """The op users call (no config): [B, T, D] in, [B, T, N_G] masks out, each the reference rule's."""
+    a = _router(64, 16, 5, torch.float32, "cpu", seed=4)
+    b = _router(64, 8, 20, torch.float32, "cpu", seed=5)
+    h = _hidden(6, 64, torch.float32, "cpu").view(2, 3, 64)
+    got_a, got_b = router_decisions_pair(h, a, b)
+    assert got_a.shape == (2, 3, 5) and got_b.shape == (2, 3, 20)
+    assert torch.equal(got_a, router_decisions(h, *a)) and torch.equal(got_b, router_decisions(h, *b))
+    empty_a, empty_b = router_decisions_pair(h[:, :0], a, b)
+    assert empty_a.shape == (2, 0, 5) and empty_b.shape == (2, 0, 20)
+    with pytest.raises(ValueError, match="hidden size"):
+        router_decisions_pair(h, a, _router(32, 8, 20, torch.float32, "cpu"))
+
+
 # ------------------------------------------------------------------------------------------------ GPU
 @gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -195,3 +233,24 @@ def test_gpu_margin_gradients_flow_under_autocast():
     m.square().mean().backward()
     assert x.grad is not None and r.down.weight.grad.dtype == torch.float32
     assert torch.isfinite(r.up.weight.grad).all()
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m", [1, 5, 16, 300])
+def test_gpu_pair_equals_single_launches(dtype, m):
+    """Llama-3.1-8B attention (8 KV groups) and FFN (112 groups) routers on one input: the pair's default
+    launch decides each exactly as its own launch does; and it replays under a CUDA graph."""
+    a = _router(4096, 32, 8, dtype, "cuda", seed=2)
+    b = _router(4096, 32, 112, dtype, "cuda", seed=3)
+    h = _hidden(m, 4096, dtype, "cuda")
+    got_a, got_b = router_decisions_pair(h, a, b)
+    assert torch.equal(got_a, router_decisions(h, *a)) and torch.equal(got_b, router_decisions(h, *b))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_a, static_b = router_decisions_pair(h, a, b)
+    h2 = _hidden(m, 4096, dtype, "cuda", seed=7)
+    h.copy_(h2)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static_a, router_decisions(h2, *a)) and torch.equal(static_b, router_decisions(h2, *b))

@@ -186,10 +186,13 @@ def _ops_of_step(rt, n_layers: int) -> list[str]:
     return rec.ops
 
 
-@pytest.mark.parametrize(("routed", "launches"), [(True, 6), (False, 4)])
-def test_fused_layer_launches_six_kernels_or_fewer(routed, launches):
-    """Per decoder layer the fused step issues only the fused ops (+ the routers): 6 routed, 4 dense."""
-    _, wm = _routed("llama", seed=4)
+@pytest.mark.parametrize(
+    ("routed", "source", "launches"), [(True, "block", 6), (True, "layer", 5), (False, "block", 4)]
+)
+def test_fused_layer_launches_six_kernels_or_fewer(routed, source, launches):
+    """Per decoder layer the fused step issues only the fused ops (+ the routers): 6 routed, 4 dense; 5 when
+    the FFN router reads the layer input (both routers in one launch)."""
+    _, wm = _routed("llama", seed=4, source=source)
     rt = WideRuntime(wm, max_batch=2, max_seq=8, routed=routed, fused_decode=True)
     rt.prefill(torch.randint(0, 101, (2, 3)))
     one, two = _ops_of_step(rt, 1), _ops_of_step(rt, 2)

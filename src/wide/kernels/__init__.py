@@ -6,7 +6,8 @@ Per routing decision: ``plan(m, group_size, n_groups, sparsity)`` decides the pa
 that route and read its plan:
   attention: routed_gemm_mn (Q) -> routed_attention_prefill / _decode -> routed_gemm_k (O)
   FFN:       routed_swiglu (gate+up, fused) -> routed_gemm_k (down)
-The decisions themselves: router_margin / router_decisions, the one decision rule (docs/routing.md).
+The decisions themselves: router_margin / router_decisions (/ _pair: two routers on one input, one launch),
+the one decision rule (docs/routing.md).
 Decode (B <= 16) can run a whole decoder layer through the fused kernels of `fused_decode`
 (`WideRuntime(fused_decode=True)`).
 Every op is a `torch.library` custom op in the `wide::` namespace (torch.compile / CUDA-graph safe, no
@@ -43,6 +44,7 @@ from wide.kernels.reorder import (
 )
 from wide.kernels.router import (
     router_decisions,
+    router_decisions_pair,
     router_decisions_ref,
     router_margin,
     router_margin_ref,
@@ -93,6 +95,7 @@ __all__ = [
     "reorder_reference",
     "route_mask",
     "router_decisions",
+    "router_decisions_pair",
     "router_decisions_ref",
     "router_margin",
     "router_margin_ref",

@@ -20,7 +20,10 @@ needs more than one formula: row i's margin must not depend on how many other ro
   final rounding, so independent of any BLAS blocking.
 
 ``router_margin`` returns the margin (differentiable: training), ``router_decisions`` the execute mask
-(bool, the runtime). Both are ``torch.library`` custom ops (torch.compile / CUDA-graph safe).
+(bool, the runtime); ``router_decisions_pair`` decides two routers that read the same input in one launch,
+each router's programs running the single-router code with that router's own tile constants, so each mask
+equals its own ``router_decisions`` bit for bit. All are ``torch.library`` custom ops (torch.compile /
+CUDA-graph safe).
 """
 
 from __future__ import annotations
@@ -109,33 +112,13 @@ if HAS_TRITON:
             else:
                 tl.store(ptrs, (margin <= 0).to(tl.uint8), mask=in_m[:, None] & in_g[None, :])
 
-    @triton.jit(do_not_specialize=["M"])
-    def _router_kernel(
-        h_ptr,  # [M, D]
-        wd_ptr,  # [R, D] router down-projection (h's dtype)
-        wm_ptr,  # [NG, R] fp32 margin head
-        bm_ptr,  # [NG] fp32
-        out_ptr,  # [M, NG] fp32 margins, or uint8 (a bool tensor's bytes)
-        ws_ptr,  # fp32 partials [M blocks, SPLITS, BLOCK_M, BLOCK_R] when SPLITS > 1
-        cnt_ptr,  # int32 ticket counters, one per block of rows (zero on entry and exit)
-        M,
-        D,
-        R,
-        NG,
-        stride_hm,
-        stride_wd,
-        PREC: tl.constexpr,
-        BLOCK_M: tl.constexpr,
-        BLOCK_R: tl.constexpr,
-        BLOCK_D: tl.constexpr,
-        BLOCK_G: tl.constexpr,
-        SPLITS: tl.constexpr,
-        OUT_MARGIN: tl.constexpr,
-        PDL: tl.constexpr,  # launched with programmatic dependent launch
-    ):
-        pdl_begin(PDL)
-        s = tl.program_id(0)
-        pm = tl.program_id(1)
+    @triton.jit
+    def _router_program(h_ptr, wd_ptr, wm_ptr, bm_ptr, out_ptr, ws_ptr, cnt_ptr, s, pm, M, D, R, NG, stride_hm,
+                        stride_wd, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
+                        BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, SPLITS: tl.constexpr,
+                        OUT_MARGIN: tl.constexpr):  # fmt: skip
+        """One router's program (split s of D, row block pm): the arithmetic of a row depends on D and the
+        tile constants only (docs/routing.md#the-decision-rule)."""
         row0 = pm * BLOCK_M
         offs_m = row0 + tl.arange(0, BLOCK_M)
         offs_r = tl.arange(0, BLOCK_R)
@@ -164,6 +147,64 @@ if HAS_TRITON:
                 red = sum_partials(base, tile, BLOCK_M, SPLITS, BLOCK_M, BLOCK_R)
                 _margin_store(red, row0, wm_ptr, bm_ptr, out_ptr, M, NG, R, BLOCK_M, BLOCK_R, BLOCK_G, OUT_MARGIN)
 
+    @triton.jit(do_not_specialize=["M"])
+    def _router_kernel(
+        h_ptr,  # [M, D]
+        wd_ptr,  # [R, D] router down-projection (h's dtype)
+        wm_ptr,  # [NG, R] fp32 margin head
+        bm_ptr,  # [NG] fp32
+        out_ptr,  # [M, NG] fp32 margins, or uint8 (a bool tensor's bytes)
+        ws_ptr,  # fp32 partials [M blocks, SPLITS, BLOCK_M, BLOCK_R] when SPLITS > 1
+        cnt_ptr,  # int32 ticket counters, one per block of rows (zero on entry and exit)
+        M,
+        D,
+        R,
+        NG,
+        stride_hm,
+        stride_wd,
+        PREC: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_R: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        BLOCK_G: tl.constexpr,
+        SPLITS: tl.constexpr,
+        OUT_MARGIN: tl.constexpr,
+        PDL: tl.constexpr,  # launched with programmatic dependent launch
+    ):
+        pdl_begin(PDL)
+        _router_program(h_ptr, wd_ptr, wm_ptr, bm_ptr, out_ptr, ws_ptr, cnt_ptr, tl.program_id(0), tl.program_id(1),
+                        M, D, R, NG, stride_hm, stride_wd, PREC, BLOCK_M, BLOCK_R, BLOCK_D, BLOCK_G, SPLITS,
+                        OUT_MARGIN)  # fmt: skip
+
+    @triton.jit(do_not_specialize=["M"])
+    def _router_pair_kernel(
+        h_ptr,  # [M, D]: the input both routers read
+        wd_a, wm_a, bm_a, out_a, ws_a, cnt_a, R_A, NG_A, stride_wd_a,  # router a, as _router_kernel's arguments
+        wd_b, wm_b, bm_b, out_b, ws_b, cnt_b, R_B, NG_B, stride_wd_b,  # router b
+        M,
+        D,
+        stride_hm,
+        PREC: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        SPLITS: tl.constexpr,
+        BLOCK_R_A: tl.constexpr,
+        BLOCK_G_A: tl.constexpr,
+        BLOCK_R_B: tl.constexpr,
+        BLOCK_G_B: tl.constexpr,
+        PDL: tl.constexpr,
+    ):  # fmt: skip
+        """Grid (SPLITS, row blocks, 2): axis 2 picks the router; each runs its single-launch program."""
+        pdl_begin(PDL)
+        s = tl.program_id(0)
+        pm = tl.program_id(1)
+        if tl.program_id(2) == 0:
+            _router_program(h_ptr, wd_a, wm_a, bm_a, out_a, ws_a, cnt_a, s, pm, M, D, R_A, NG_A, stride_hm,
+                            stride_wd_a, PREC, BLOCK_M, BLOCK_R_A, BLOCK_D, BLOCK_G_A, SPLITS, False)  # fmt: skip
+        else:
+            _router_program(h_ptr, wd_b, wm_b, bm_b, out_b, ws_b, cnt_b, s, pm, M, D, R_B, NG_B, stride_hm,
+                            stride_wd_b, PREC, BLOCK_M, BLOCK_R_B, BLOCK_D, BLOCK_G_B, SPLITS, False)  # fmt: skip
+
 
 def _check_head(r: int, w_margin: torch.Tensor, b_margin: torch.Tensor) -> None:
     if w_margin.dim() != 2 or w_margin.shape[1] != r:
@@ -176,28 +217,64 @@ def _check_head(r: int, w_margin: torch.Tensor, b_margin: torch.Tensor) -> None:
         raise ValueError(f"router rank {r} > {MAX_RANK}")
 
 
+def _splits(d: int, config: dict | None) -> dict:
+    conf = dict(config or default_config(d))
+    splits = conf["SPLITS"]
+    if splits < 1 or splits & (splits - 1):
+        raise ValueError(f"SPLITS must be a power of two, got {splits}")
+    return conf
+
+
+def _workspace(h: torch.Tensor, blocks: int, splits: int, block_r: int) -> torch.Tensor:
+    """fp32 partials [blocks, SPLITS, BLOCK_M, BLOCK_R] (one element when there is nothing to reduce)."""
+    n = blocks * splits * ROUTER_BLOCK_M * block_r if splits > 1 else 1
+    return torch.empty(n, dtype=torch.float32, device=h.device)
+
+
 def _router_triton(h, w_down, w_margin, b_margin, config: dict | None, out_margin: bool) -> torch.Tensor:
     m, d = h.shape
     r, ng = w_down.shape[0], w_margin.shape[0]
     out = torch.empty(m, ng, dtype=torch.float32 if out_margin else torch.bool, device=h.device)
     if m == 0:
         return out
-    conf = dict(config or default_config(d))
-    splits = conf["SPLITS"]
-    if splits < 1 or splits & (splits - 1):
-        raise ValueError(f"SPLITS must be a power of two, got {splits}")
+    conf = _splits(d, config)
     blocks = triton.cdiv(m, ROUTER_BLOCK_M)
     block_r = max(16, next_pow2(r))
-    ws = torch.empty(blocks * splits * ROUTER_BLOCK_M * block_r if splits > 1 else 1, dtype=torch.float32,
-                     device=h.device)  # fmt: skip
+    ws = _workspace(h, blocks, conf["SPLITS"], block_r)
     cnt = tile_counters(h, blocks)
     prec = "ieee" if h.dtype == torch.float32 else "tf32"
-    _router_kernel[(splits, blocks)](
+    _router_kernel[(conf["SPLITS"], blocks)](
         h, w_down, w_margin, b_margin, out if out_margin else out.view(torch.uint8), ws, cnt, m, d, r, ng,
         h.stride(0), w_down.stride(0), PREC=prec, BLOCK_M=ROUTER_BLOCK_M, BLOCK_R=block_r, BLOCK_G=_block_g(ng),
         OUT_MARGIN=out_margin, **conf, **pdl_launch(h),
     )  # fmt: skip
     return out
+
+
+def _router_pair_triton(h, router_a: tuple, router_b: tuple, config: dict | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both routers' execute masks from one launch (h: [M, D]; each router (w_down in h's dtype, head))."""
+    m, d = h.shape
+    outs = tuple(torch.empty(m, w_margin.shape[0], dtype=torch.bool, device=h.device) for _, w_margin, _ in
+                 (router_a, router_b))  # fmt: skip
+    if m == 0:
+        return outs
+    conf = _splits(d, config)
+    blocks = triton.cdiv(m, ROUTER_BLOCK_M)
+    cnt = tile_counters(h, 2 * blocks)  # router a's tickets, then router b's
+    args, tiles = [], {}
+    for k, ((w_down, w_margin, b_margin), out, tickets) in enumerate(
+        zip((router_a, router_b), outs, (cnt[:blocks], cnt[blocks:]))
+    ):
+        r, ng = w_down.shape[0], w_margin.shape[0]
+        block_r = max(16, next_pow2(r))
+        ws = _workspace(h, blocks, conf["SPLITS"], block_r)
+        args += [w_down, w_margin, b_margin, out.view(torch.uint8), ws, tickets, r, ng, w_down.stride(0)]
+        tiles["BLOCK_R_" + "AB"[k]], tiles["BLOCK_G_" + "AB"[k]] = block_r, _block_g(ng)
+    prec = "ieee" if h.dtype == torch.float32 else "tf32"
+    _router_pair_kernel[(conf["SPLITS"], blocks, 2)](
+        h, *args, m, d, h.stride(0), PREC=prec, BLOCK_M=ROUTER_BLOCK_M, **tiles, **conf, **pdl_launch(h)
+    )
+    return outs
 
 
 def _use_kernel(h: torch.Tensor) -> bool:
@@ -274,7 +351,7 @@ def router_margin(
     """h: [..., D] in the compute dtype -> skip margin [..., N_G] fp32 (> 0: skip). Differentiable in
     every input; w_down may be the fp32 master weight (it is rounded to h's dtype inside)."""
     h2 = _prepare(h, w_down, w_margin, b_margin)
-    return _margin_op(h2, w_down, w_margin, b_margin).view(*h.shape[:-1], -1)
+    return _margin_op(h2, w_down, w_margin, b_margin).view(*h.shape[:-1], w_margin.shape[0])
 
 
 def router_decisions(
@@ -297,7 +374,51 @@ def router_decisions(
                              config, False)  # fmt: skip
     else:
         out = _decisions_op(h2, w_down, w_margin.contiguous(), b_margin.contiguous())
-    return out.view(*h.shape[:-1], -1)
+    return out.view(*h.shape[:-1], out.shape[-1])
+
+
+@torch.library.custom_op("wide::router_decisions_pair", mutates_args=())
+def _decisions_pair_op(
+    h: torch.Tensor,
+    w_down_a: torch.Tensor,
+    w_margin_a: torch.Tensor,
+    b_margin_a: torch.Tensor,
+    w_down_b: torch.Tensor,
+    w_margin_b: torch.Tensor,
+    b_margin_b: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    a, b = (w_down_a, w_margin_a, b_margin_a), (w_down_b, w_margin_b, b_margin_b)
+    if _use_kernel(h):
+        return _router_pair_triton(h, (a[0].to(h.dtype).contiguous(), *a[1:]), (b[0].to(h.dtype).contiguous(), *b[1:]),
+                                   None)  # fmt: skip
+    return router_decisions_ref(h, *a), router_decisions_ref(h, *b)
+
+
+@_decisions_pair_op.register_fake
+def _(h, w_down_a, w_margin_a, b_margin_a, w_down_b, w_margin_b, b_margin_b):
+    m = h.shape[0]
+    return tuple(h.new_empty((m, wm.shape[0]), dtype=torch.bool) for wm in (w_margin_a, w_margin_b))
+
+
+def router_decisions_pair(
+    h: torch.Tensor, router_a: tuple, router_b: tuple, *, config: dict | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """h: [..., D]; router_a / router_b: (w_down, w_margin, b_margin) -> their execute masks [..., N_G_a] /
+    [..., N_G_b], each exactly ``router_decisions(h, *router)``, decided in one launch on CUDA (the runtime's
+    layer start when the FFN router reads the layer input). ``config`` as in ``router_decisions``."""
+    h2 = _prepare(h, *router_a)
+    _prepare(h, *router_b)
+    ra = (router_a[0], router_a[1].contiguous(), router_a[2].contiguous())
+    rb = (router_b[0], router_b[1].contiguous(), router_b[2].contiguous())
+    if config is not None:
+        if not (HAS_TRITON and (h2.is_cuda or interpret_mode())):
+            raise ValueError("config forces the Triton kernel: not runnable here (CPU without TRITON_INTERPRET=1)")
+        rounded = [(w.to(h2.dtype).contiguous(), wm, bm) for w, wm, bm in (ra, rb)]
+        out_a, out_b = _router_pair_triton(h2, rounded[0], rounded[1], config)
+    else:
+        out_a, out_b = _decisions_pair_op(h2, *ra, *rb)
+    lead = h.shape[:-1]
+    return out_a.view(*lead, out_a.shape[-1]), out_b.view(*lead, out_b.shape[-1])
 
 
 def router_margin_kernel(
@@ -309,4 +430,4 @@ def router_margin_kernel(
         raise ValueError("the router kernel needs CUDA or TRITON_INTERPRET=1")
     out = _router_triton(h2, w_down.to(h2.dtype).contiguous(), w_margin.contiguous(), b_margin.contiguous(),
                          config, True)  # fmt: skip
-    return out.view(*h.shape[:-1], -1)
+    return out.view(*h.shape[:-1], out.shape[-1])

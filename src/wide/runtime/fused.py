@@ -4,13 +4,16 @@ Per layer (``wide.kernels.fused_decode``; docs/kernels.md, "Fused decode layer")
 
   routed:  router_decisions(h) -> qkv_rope_cache -> attention_decode_merged -> o_proj_residual_norm
            -> router_decisions(h') -> ffn_residual_norm                                  (6 launches)
+  routed, FFN router on the layer input (ffn_router_source="layer"):
+           router_decisions_pair(h) -> qkv_rope_cache -> attention_decode_merged
+           -> o_proj_residual_norm -> ffn_residual_norm                                  (5 launches)
   dense:   qkv_rope_cache -> attention_decode_merged -> o_proj_residual_norm -> ffn_residual_norm (4)
 
 The hidden state h a router reads is the RMSNorm the previous kernel wrote in the model dtype (the
 first layer's by one norm launch per step; the last layer's FFN kernel applies the model's final norm),
 and the decision is ``router_decisions`` on it: the same op, on the same kind of input, as the unfused
 runtime (routers with ``router_input="residual"`` read the residual stream x the kernels also write; with
-``ffn_router_source="layer"`` the FFN router runs at the layer's start, beside the attention router).
+``ffn_router_source="layer"`` the FFN router decides at the layer's start, in the attention router's launch).
 One code path serves ``routed=True`` and the dense baseline (``mask=None``: every group runs). Prefill is
 unchanged (``wide.runtime.model.layer_step``). No host sync: CUDA-graph capturable.
 """
@@ -22,7 +25,7 @@ from typing import NamedTuple
 import torch
 
 from wide.kernels import fused_decode as FD
-from wide.kernels.router import router_decisions
+from wide.kernels.router import router_decisions, router_decisions_pair
 
 
 class FusedLayer(NamedTuple):
@@ -141,9 +144,12 @@ def fused_decode_step(rt, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     masks = []  # per layer (attention [B, Hk], FFN [B, G]) when routed: rt.fused_masks (benchmarks read them)
     for i, w in enumerate(layers):
         rin = x if st.router_residual else h  # [B, D]: what the routers read
-        mask_a = router_decisions(rin, *w.router_attn) if w.router_attn is not None else None
         early = w.router_ffn is not None and st.ffn_router_from_layer  # the FFN router reads the layer input
-        mask_f = router_decisions(rin, *w.router_ffn) if early else None
+        if early and w.router_attn is not None:  # both read rin: one launch decides both
+            mask_a, mask_f = router_decisions_pair(rin, w.router_attn, w.router_ffn)
+        else:
+            mask_a = router_decisions(rin, *w.router_attn) if w.router_attn is not None else None
+            mask_f = router_decisions(rin, *w.router_ffn) if early else None
         q = FD.qkv_rope_cache(
             h, w.w_qkv, w.b_qkv, mask_a, cos, sin, p, rt.cache.k[i], rt.cache.v[i], st.n_q,
             w.q_norm, w.k_norm, st.qk_eps,

@@ -133,9 +133,10 @@ def _attention(
     ffn_mask = None
     if st.routed:
         rin = x if st.router_residual else h2.view(b, t, -1)  # [B, T, D]: what the routers read
-        mask = K.router_decisions(rin, *w.head_attn)  # [B, T, Hk]
-        if st.ffn_router_from_layer:
-            ffn_mask = K.router_decisions(rin, *w.head_ffn)  # [B, T, N_G]
+        if st.ffn_router_from_layer:  # both routers read rin: one launch decides both
+            mask, ffn_mask = K.router_decisions_pair(rin, w.head_attn, w.head_ffn)  # [B, T, Hk], [B, T, N_G]
+        else:
+            mask = K.router_decisions(rin, *w.head_attn)  # [B, T, Hk]
         k, v = F.linear(h2, w.w_kv, w.b_kv).split([kv_width, kv_width], dim=-1)  # [M, Hk*d] each
         plan = K.plan(b * t, st.g_attn, mask.shape[-1], st.attn_sparsity_hint, force_k=st.force_k)
         route = K.plan_route(mask, plan)
