@@ -195,6 +195,8 @@ def finetune_args(spec: RunSpec, a: argparse.Namespace, stage1: Path, out: Path)
     args += ["--seq-len", a.seq_len, "--batch-size", spec.batch_size or a.batch_size]
     args += ["--lr", a.lora_lr, "--save-every", a.save_every]
     args += ["--dtype", a.dtype, "--lora-r", a.lora_r]
+    if a.compile:
+        args.append("--compile")
     return args + _common(a)
 
 
@@ -628,7 +630,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--save-every", type=int, default=200)
     p.add_argument("--dtype", default="auto")
     p.add_argument("--device")
-    p.add_argument("--compile", action="store_true", help="torch.compile the decoder layers in trained calibrations")
+    p.add_argument(
+        "--compile", action="store_true", help="torch.compile the decoder layers in trained calibrations and LoRA"
+    )
     p.add_argument("--tasks", default="all")
     p.add_argument("--eval-limit", type=int)
     p.add_argument("--eval-max-length", type=int, default=4096)

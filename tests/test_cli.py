@@ -521,6 +521,32 @@ def test_local_directory_of_each_family_loads(tiny_dir, tmp_path, family):
         assert torch.isfinite(wm(tok("one two three", return_tensors="pt").input_ids).logits).all()
 
 
+def test_finetune_compiled_saves_the_whole_adapter(tiny_dir, text_file, tmp_path):
+    """`wide finetune --compile`: the decoder layers compile with their LoRA modules and routing hooks, and
+    the adapter written (final and in every checkpoint) holds every LoRA tensor under peft's names, as the
+    eager run's does (layers compiled by replacing them hid the names from peft: an empty adapter). The
+    weights themselves differ: compiled and eager training draw their Gumbel noise and dropout differently."""
+    from safetensors.torch import load_file
+
+    s1 = tmp_path / "s1"
+    assert calibrate_tiny(tiny_dir, text_file, s1) == 0
+
+    def finetune(out, *extra):
+        args = ("--data", text_file, "--steps", 3, "--seq-len", 32, "--batch-size", 2, "--save-every", 2)
+        return cli("finetune", "--model", tiny_dir, "--routers", s1, "--lora-r", 4, *args, "--out", out, *extra)
+
+    assert finetune(tmp_path / "eager") == 0 and finetune(tmp_path / "compiled", "--compile") == 0
+    meta = json.loads((tmp_path / "compiled" / "wide_config.json").read_text())
+    assert meta["training"]["train_config"]["compile"] is True
+    want = load_file(str(tmp_path / "eager" / "adapter_model.safetensors"))
+    assert want
+    for path in (tmp_path / "compiled", tmp_path / "compiled" / "checkpoint-2"):
+        got = load_file(str(path / "adapter_model.safetensors"))
+        assert {k: v.shape for k, v in got.items()} == {k: v.shape for k, v in want.items()}, path
+        assert all(torch.isfinite(v).all() for v in got.values())
+        assert any(v.abs().max() > 0 for k, v in got.items() if "lora_B" in k)  # trained (B starts at zero)
+
+
 def test_finetune_reproduces_and_resume_refuses_changed_lora(tiny_dir, text_file, tmp_path, capsys):
     from safetensors.torch import load_file
 

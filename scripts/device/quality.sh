@@ -34,7 +34,7 @@
 #     a new name: the first run's routers did not come back from the machine)
 # Env (defaults): SPEC (scripts/device/quality-first.json) WORK ($HOME/quality) JOBS (3) BUDGET_S (480)
 #   GRACE_S (60) BATCH (8) SEQ (2048) SAVE_EVERY (100) EVAL_LIMIT (500; empty: full sets) EVAL_BATCH
-#   (16) COMPILE (0; 1: --compile) PACK_PARTS (3; 2 with TEST_S) QUALITY_EXTRA (more quality_runs.py flags)
+#   (16) COMPILE (0; 1: --compile, calibration and LoRA stages) PACK_PARTS (3; 2 with TEST_S) QUALITY_EXTRA (more quality_runs.py flags)
 #   TEST_S (0): also run the GPU test suite (TESTS: tests/kernels tests/runtime; 8 workers, WIDE_AUTOTUNE_MAX=1)
 #   beside the rows, from 20 s in, for at most TEST_S s -> $OUT/gpu-tests-h200.log (one file more back).
 # CPU smoke test (the --tiny rows instead of SPEC):

@@ -87,6 +87,7 @@ def _train_config(a: argparse.Namespace, **extra):
         log_every=a.log_every,
         seed=a.seed,
         parallel=ParallelConfig(a.parallel, a.activation_checkpointing, a.cpu_offload),
+        compile=a.compile,
         **extra,
     )
 
@@ -134,7 +135,7 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     )
     model_id = resolve_model_id(a.model)
     extra = {"model": model_id, "data": _data_source(a)[0]}  # compared on --resume
-    tc = _train_config(a, data_mode=a.data_mode, fit_mode=a.fit_mode, compile=a.compile, extra=extra)
+    tc = _train_config(a, data_mode=a.data_mode, fit_mode=a.fit_mode, extra=extra)
     # --out / --resume problems surface before the model and the data load; nothing is written yet
     check_out_dir(a.out, tc, resume=a.resume, overwrite=a.overwrite, config=cfg, base_model=model_id)
     # Weights stay in the model dtype (bf16 on GPU); the routers are fp32 and autocast handles the rest.
@@ -461,6 +462,9 @@ def _add_training_args(p: argparse.ArgumentParser, *, lr: float) -> None:
         "--activation-checkpointing", action="store_true", help="recompute each decoder layer in the backward pass"
     )
     p.add_argument("--cpu-offload", action="store_true", help="--parallel fsdp: keep the sharded parameters on the CPU")
+    p.add_argument(
+        "--compile", action="store_true", help="torch.compile the decoder layers (routing hooks and LoRA included)"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -542,7 +546,6 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--tau-start", type=float, default=5.0, help="Gumbel-Softmax temperature at step 0")
     c.add_argument("--tau-end", type=float, default=0.5, help="Gumbel-Softmax temperature at the last step")
     _add_training_args(c, lr=2e-3)
-    c.add_argument("--compile", action="store_true", help="torch.compile the decoder layers (hooks included)")
     c.add_argument(
         "--fit-mode",
         choices=["kind", "router", "global", "none"],

@@ -210,9 +210,10 @@ class WideModel(nn.Module):
         traces it once and every layer reuses it. A few variants remain, each independent of the
         depth: the first layer's input does not require grad, and no_grad / routing modes (the
         threshold fit, evaluation) trace their own graphs."""
-        layers = decoder_layers(self.model)
-        for i in range(len(layers)):
-            layers[i] = torch.compile(layers[i], **kwargs)
+        for layer in decoder_layers(self.model):
+            # in place (nn.Module.compile): parameter names stay the model's, which peft's adapter naming,
+            # checkpoints and resuming under the other setting rely on
+            layer.compile(**kwargs)
 
     # ------------------------------------------------------------------ running
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):
