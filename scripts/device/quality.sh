@@ -26,6 +26,8 @@
 #   SPEC=scripts/device/quality-long.json JOBS=2: the longer budget (4,000 steps x 16 x 2,048 tokens, its rows'
 #     own batch_size; twice the shipped routers'; + 1,000 LoRA steps), several calls (each resumes the latest
 #     checkpoints)
+#   SPEC=scripts/device/quality-long-distill.json: the long budget with distillation (KL to the dense logits + LM
+#     loss), 50% then 25%, several calls as quality-long.json
 #   SPEC=scripts/device/quality-router-source.json: WIDE with the FFN router reading the layer input (the
 #     ffn_router_source lever of docs/kernels.md's open problems), 25% and 50%, against wide-25 / wide-50
 #   SPEC=scripts/device/quality-lora-baselines.json: layer skipping + LoRA (stage 1 trained again) and static width

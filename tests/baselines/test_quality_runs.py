@@ -169,6 +169,16 @@ def test_spec_checks_order_and_device_spec():
         assert (s.steps, s.method, s.batch_size) == (ref.steps, ref.method, ref.batch_size)
         args = [str(x) for x in qr.calibrate_args(s, a, Path("out"))]
         assert args[args.index("--ffn-router-source") + 1] == "layer"
+    # the two levers that moved WIDE most at 300 steps together: the long budget with distillation
+    long_kd = qr.load_specs([ROOT / "scripts" / "device" / "quality-long-distill.json"])
+    qr.check_specs(specs + sweep + long + skip_lora + base_lora + source + long_kd)
+    by_target = {s.target: s for s in long if not s.lora_steps}
+    for s in long_kd:
+        ref = by_target[s.target]
+        assert (s.steps, s.batch_size, s.distill) == (ref.steps, ref.batch_size, "kl+lm")
+    compiled = qr.parse_args(["--spec", "x.json", "--out", "q.json", "--compile"])
+    assert "--compile" in qr.finetune_args(long[-1], compiled, Path("s1"), Path("out"))  # LoRA stages compile too
+    assert "--compile" not in qr.finetune_args(long[-1], a, Path("s1"), Path("out"))
     levers = {s.name: s for s in specs if s.name.startswith("wide-50-") and not s.lora_steps}
     assert {s.distill for s in levers.values()} == {"none", "kl+lm"} and levers[
         "wide-50-flops"
