@@ -26,6 +26,7 @@ DIMS = ModelDims(n_layers=2, hidden=64, n_q_heads=4, n_kv_heads=2, head_dim=16, 
         (dict(router_input="hidden"), "router_input"),
         (dict(ffn_router_source="previous"), "ffn_router_source must be one of"),
         (dict(ffn_router_source="layer", method="layer-skip"), "layer-skip has none"),
+        (dict(router_lookahead=True, method="teal"), "teal has none"),
         (dict(tau_end=0), "tau"),
     ],
 )

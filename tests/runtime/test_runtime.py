@@ -187,6 +187,12 @@ def test_runtime_refuses_what_its_step_would_compute_otherwise():
     wm = WideModel(tiny_model("llama", hidden_act="gelu"), WideConfig(ffn_group_size=16, router_rank=8))
     with pytest.raises(ValueError, match="activation is 'gelu', the runtime's is SiLU"):
         WideRuntime(wm, max_batch=1, max_seq=8, routed=False)
+    wm.detach()
+    # routers decided from the layer before: the runtime decides each layer from its own input
+    wm = WideModel(tiny_model("llama"), WideConfig(ffn_group_size=16, router_rank=8, router_lookahead=True))
+    with pytest.raises(ValueError, match="router_lookahead routers .* run on the masked path"):
+        WideRuntime(wm, max_batch=1, max_seq=8)
+    WideRuntime(wm, max_batch=1, max_seq=8, routed=False)  # the dense baseline has no routers to place
 
 
 def test_runtime_names_unsupported_families():

@@ -312,6 +312,11 @@ class WideRuntime:
                 f"WideRuntime serves per-group routers; these are {wm.config.method}'s: run them with the masked "
                 "path (the routed model itself)"
             )
+        if routed and wm.config.router_lookahead:
+            raise ValueError(
+                "WideRuntime decides each layer from its own input; router_lookahead routers (decided from the "
+                "layer before) run on the masked path (the routed model itself)"
+            )
         if routed and s.attn_heads_per_group != d.gqa_group:
             raise ValueError(
                 f"the routed kernels take one attention decision per KV group ({d.gqa_group} heads); these "
