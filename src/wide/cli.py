@@ -508,8 +508,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--router-lookahead",
         action="store_true",
-        help="each layer's routers read what the previous layer's read (decisions known a layer early; the "
-        "masked path only: the kernel runtime does not serve them)",
+        help="each layer's routers read what the previous layer's read (decisions known a layer early)",
     )
     c.add_argument(
         "--method",

@@ -84,8 +84,8 @@ class WideConfig:
         and the FFN router can run beside attention (docs/kernels.md, open problems).
     router_lookahead: layer l's routers read what layer l - 1's routers of the same kind read (layer 0's
         their own), so a layer's decisions can be taken while the layer before it runs, as Deja Vu's
-        asynchronous predictors (docs/kernels.md, open problems). The masked path and training only:
-        WideRuntime refuses it.
+        asynchronous predictors (docs/kernels.md, open problems). Served by WideRuntime (decided in the
+        layer before, in stream order).
     module_skipping: the SkipGPT-style baseline — one decision per token for the whole attention
         block and one for the whole FFN (group sizes are then ignored). Same as method="module-skip".
     method: "wide", or a baseline of docs/baselines.md: "module-skip", "layer-skip" (one decision

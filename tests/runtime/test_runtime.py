@@ -14,10 +14,15 @@ from wide.runtime import GraphedPrefill, WideRuntime, generate
 from wide.runtime.model import fuse_linears
 
 
-def _routed(family: str, sparsity=0.5, seed=0, router_input="normed", source="block"):
-    model = tiny_model(family, layers=2, hidden=64, heads=4, kv=2, inter=64, seed=seed)
+def _routed(family: str, sparsity=0.5, seed=0, router_input="normed", source="block", lookahead=False, layers=2):
+    model = tiny_model(family, layers=layers, hidden=64, heads=4, kv=2, inter=64, seed=seed)
     cfg = WideConfig(
-        ffn_group_size=16, router_rank=8, sparsity=sparsity, router_input=router_input, ffn_router_source=source
+        ffn_group_size=16,
+        router_rank=8,
+        sparsity=sparsity,
+        router_input=router_input,
+        ffn_router_source=source,
+        router_lookahead=lookahead,
     )
     wm = WideModel(model, cfg)
     for r in wm.routers:  # mixed decisions
@@ -187,12 +192,6 @@ def test_runtime_refuses_what_its_step_would_compute_otherwise():
     wm = WideModel(tiny_model("llama", hidden_act="gelu"), WideConfig(ffn_group_size=16, router_rank=8))
     with pytest.raises(ValueError, match="activation is 'gelu', the runtime's is SiLU"):
         WideRuntime(wm, max_batch=1, max_seq=8, routed=False)
-    wm.detach()
-    # routers decided from the layer before: the runtime decides each layer from its own input
-    wm = WideModel(tiny_model("llama"), WideConfig(ffn_group_size=16, router_rank=8, router_lookahead=True))
-    with pytest.raises(ValueError, match="router_lookahead routers .* run on the masked path"):
-        WideRuntime(wm, max_batch=1, max_seq=8)
-    WideRuntime(wm, max_batch=1, max_seq=8, routed=False)  # the dense baseline has no routers to place
 
 
 def test_runtime_names_unsupported_families():
@@ -207,24 +206,31 @@ def test_runtime_names_unsupported_families():
 
 # --------------------------------------------------------------------------- served = evaluated (CPU)
 @pytest.mark.parametrize(
-    ("family", "router_input", "source"),
+    ("family", "router_input", "source", "lookahead"),
     [
-        *((f, "normed", "block") for f in ("llama", "qwen2", "qwen3", "mistral")),
-        ("llama", "residual", "block"),
-        ("qwen3", "normed", "layer"),
-        ("llama", "residual", "layer"),
+        *((f, "normed", "block", False) for f in ("llama", "qwen2", "qwen3", "mistral")),
+        ("llama", "residual", "block", False),
+        ("qwen3", "normed", "layer", False),
+        ("llama", "residual", "layer", False),
+        ("llama", "normed", "block", True),
+        ("qwen2", "residual", "layer", True),
     ],
 )
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_scores_and_decisions_equal_the_masked_path_in_low_precision(family, router_input, source, dtype, monkeypatch):
+def test_scores_and_decisions_equal_the_masked_path_in_low_precision(
+    family, router_input, source, lookahead, dtype, monkeypatch
+):
     """In bf16 / fp16 the runtime makes the masked path's decisions (0 differing, every layer and kind)
     and its logits at every position are the masked path's, bit for bit: one decision rule, and on the CPU
     the same torch arithmetic for the backbone (docs/routing.md#the-decision-rule). Runs the torch path a
     CPU user runs (the interpreter's kernels compute the GEMMs in their own order). Routers that read the
-    residual stream (``router_input="residual"``), or an FFN router that reads the layer input
-    (``ffn_router_source="layer"``), read the same in the runtime."""
+    residual stream (``router_input="residual"``), an FFN router that reads the layer input
+    (``ffn_router_source="layer"``), and routers decided in the layer before (``router_lookahead``, three
+    layers) read the same in the runtime."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    model, wm = _routed(family, seed=2, router_input=router_input, source=source)
+    model, wm = _routed(
+        family, seed=2, router_input=router_input, source=source, lookahead=lookahead, layers=3 if lookahead else 2
+    )
     model.to(dtype)
     ids = torch.randint(0, 101, (3, 41))
     with torch.no_grad():
@@ -233,7 +239,7 @@ def test_scores_and_decisions_equal_the_masked_path_in_low_precision(family, rou
     rt = WideRuntime(wm, max_batch=3, max_seq=48)
     seen: list = []
     step = rt.step
-    rt.step = lambda *a: (lambda out: (seen.append(out[1:]), out)[1])(step(*a))
+    rt.step = lambda *a: (lambda out: (seen.append(out[1]), out)[1])(step(*a))
     out = rt.score(ids)
     assert out.dtype == dtype and out.shape == ref.shape
     n_dec = 0
@@ -450,7 +456,7 @@ def test_shipped_routers_serve_what_was_evaluated(name, monkeypatch):
     rt = WideRuntime(wm, max_batch=2, max_seq=192)
     seen: list = []
     step = rt.step
-    rt.step = lambda *a: (lambda out: (seen.append(out[1:]), out)[1])(step(*a))
+    rt.step = lambda *a: (lambda out: (seen.append(out[1]), out)[1])(step(*a))
     out = rt.score(ids)
     n = sum(a.numel() + f.numel() for a, f in ref_masks)
     differ = sum(int((a != ra).sum() + (f != rf).sum()) for (a, f), (ra, rf) in zip(seen, ref_masks, strict=True))

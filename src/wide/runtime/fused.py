@@ -13,7 +13,10 @@ The hidden state h a router reads is the RMSNorm the previous kernel wrote in th
 first layer's by one norm launch per step; the last layer's FFN kernel applies the model's final norm),
 and the decision is ``router_decisions`` on it: the same op, on the same kind of input, as the unfused
 runtime (routers with ``router_input="residual"`` read the residual stream x the kernels also write; with
-``ffn_router_source="layer"`` the FFN router decides at the layer's start, in the attention router's launch).
+``ffn_router_source="layer"`` the FFN router decides at the layer's start, in the attention router's launch;
+with ``router_lookahead`` the same launches decide the next layer's masks from this layer's inputs, the
+first layer deciding its own too — in the stream's order, where a second graph branch could overlap them
+with this layer's kernels: docs/kernels.md, open problems).
 One code path serves ``routed=True`` and the dense baseline (``mask=None``: every group runs). Prefill is
 unchanged (``wide.runtime.model.layer_step``). No host sync: CUDA-graph capturable.
 """
@@ -47,6 +50,7 @@ class FusedLayer(NamedTuple):
     router_attn: tuple | None  # (W_down [r, D], W_margin [Hk, r], b_margin [Hk]); None: dense
     router_ffn: tuple | None
     b_down: torch.Tensor | None = None  # [D] after the down projection (a router's out_bias)
+    router_next: tuple | None = None  # router_lookahead: the next layer's (attention, FFN) routers
 
 
 def _rows_view(first: torch.Tensor, second: torch.Tensor | None, n_rows: int) -> torch.Tensor | None:
@@ -99,6 +103,7 @@ def build_fused_layers(rt) -> list[FusedLayer]:
                 w.w_down.contiguous(),
                 *routers,
                 w.out_bias_ffn,
+                w.head_next,
             )  # fmt: skip
         )
     return layers
@@ -126,6 +131,16 @@ def check_fused(rt, max_batch: int) -> None:
         raise ValueError(why)
 
 
+def _decide(rin: torch.Tensor, router_attn: tuple | None, router_ffn: tuple | None, with_ffn: bool) -> tuple:
+    """rin: [B, D] -> (attention mask [B, Hk], FFN mask [B, G] when ``with_ffn`` (the FFN router reads the
+    layer input), else None); None for an absent router. Both in one launch where both read rin."""
+    if router_attn is None:
+        return None, (router_decisions(rin, *router_ffn) if with_ffn and router_ffn is not None else None)
+    if with_ffn and router_ffn is not None:
+        return router_decisions_pair(rin, router_attn, router_ffn)
+    return router_decisions(rin, *router_attn), None
+
+
 @torch.no_grad()
 def fused_decode_step(rt, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     """ids [B, 1] at positions pos [B, 1] (= the cache lengths) -> logits [B, V]; writes each layer's K/V
@@ -142,14 +157,12 @@ def fused_decode_step(rt, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     h = FD.fused_rms_norm(x, layers[0].ln_attn, layers[0].eps_attn)
     final = rt.hf.model.norm
     masks = []  # per layer (attention [B, Hk], FFN [B, G]) when routed: rt.fused_masks (benchmarks read them)
+    decided = None  # router_lookahead: this layer's masks, taken in the layer before
     for i, w in enumerate(layers):
         rin = x if st.router_residual else h  # [B, D]: what the routers read
-        early = w.router_ffn is not None and st.ffn_router_from_layer  # the FFN router reads the layer input
-        if early and w.router_attn is not None:  # both read rin: one launch decides both
-            mask_a, mask_f = router_decisions_pair(rin, w.router_attn, w.router_ffn)
-        else:
-            mask_a = router_decisions(rin, *w.router_attn) if w.router_attn is not None else None
-            mask_f = router_decisions(rin, *w.router_ffn) if early else None
+        early = st.ffn_router_from_layer  # the FFN router reads the layer input
+        mask_a, mask_f = decided if decided is not None else _decide(rin, w.router_attn, w.router_ffn, early)
+        nxt_a, nxt_f = _decide(rin, *w.router_next, early) if w.router_next is not None else (None, None)
         q = FD.qkv_rope_cache(
             h, w.w_qkv, w.b_qkv, mask_a, cos, sin, p, rt.cache.k[i], rt.cache.v[i], st.n_q,
             w.q_norm, w.k_norm, st.qk_eps,
@@ -158,8 +171,12 @@ def fused_decode_step(rt, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
             q, rt.cache.k[i], rt.cache.v[i], lens, mask_a if mask_a is not None else dense_mask, len_add=1
         )
         x, h = FD.o_proj_residual_norm(o.view(b, -1), w.wo, w.bo, mask_a, x, w.ln_ffn, w.eps_ffn)
-        if w.router_ffn is not None and not early:
-            mask_f = router_decisions(x if st.router_residual else h, *w.router_ffn)
+        fin = x if st.router_residual else h  # [B, D]: what a router of the FFN block's input reads
+        if w.router_ffn is not None and mask_f is None:
+            mask_f = router_decisions(fin, *w.router_ffn)
+        if w.router_next is not None and not early:
+            nxt_f = router_decisions(fin, *w.router_next[1])
+        decided = (nxt_a, nxt_f) if w.router_next is not None else None
         nxt = layers[i + 1] if i + 1 < len(layers) else None
         norm_w, eps = (nxt.ln_attn, nxt.eps_attn) if nxt is not None else (final.weight, final.variance_epsilon)
         x, h = FD.ffn_residual_norm(h, w.w_gate, w.w_up, w.w_down, mask_f, x, norm_w, float(eps), rt.g_ffn, w.b_down)

@@ -89,6 +89,8 @@ class LayerWeights(NamedTuple):
     # routed: constant biases added after O / down (the routers' out_bias: static width's compensation)
     out_bias_attn: torch.Tensor | None = None  # [D]
     out_bias_ffn: torch.Tensor | None = None  # [D]
+    # routed, router_lookahead: the next layer's (attention, FFN) heads, which read this layer's router inputs
+    head_next: tuple | None = None
 
 
 # The routed attention kernels' tiles fit shared memory for fp16 / fp32 only up to this head_dim.
@@ -115,6 +117,13 @@ class StepConfig(NamedTuple):
     ffn_sparsity_hint: float | None = None
 
 
+class Masks(NamedTuple):
+    """One layer's execute masks (None: dense, or not decided yet)."""
+
+    attn: torch.Tensor | None  # [B, T, Hk]
+    ffn: torch.Tensor | None  # [B, T, N_G]
+
+
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [B, T, H, d]; cos, sin: [B, T, d]."""
     c, s = cos[:, :, None, :].to(x.dtype), sin[:, :, None, :].to(x.dtype)
@@ -122,21 +131,33 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 
 
 def _attention(
-    x: torch.Tensor, cos, sin, pos, lens, w: LayerWeights, ck: torch.Tensor, cv: torch.Tensor, st: StepConfig
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """x: [B, T, D] -> (attention block output [B, T, D], execute mask [B, T, Hk], and the FFN's [B, T, N_G]
-    when its router reads the layer input; None when dense or not decided here); writes this layer's K/V into
-    the cache."""
+    x: torch.Tensor,
+    cos,
+    sin,
+    pos,
+    lens,
+    w: LayerWeights,
+    ck: torch.Tensor,
+    cv: torch.Tensor,
+    st: StepConfig,
+    decided: Masks | None = None,
+) -> tuple[torch.Tensor, Masks, Masks]:
+    """x: [B, T, D] -> (attention block output [B, T, D], this layer's masks, the next layer's) and writes this
+    layer's K/V into the cache. This layer's masks: ``decided`` (router_lookahead: taken in the layer before),
+    else the attention router's on this layer's input, and the FFN's too when it reads the layer input (None
+    when dense or not decided here). The next layer's: the decisions its routers take on what this layer's
+    attention router read (``w.head_next``: router_lookahead; else None)."""
     b, t, _ = x.shape
     h2 = rms_norm(x, w.ln_attn, st.eps).reshape(b * t, -1)  # [M, D]
     kv_width = st.n_kv * st.head_dim
-    ffn_mask = None
+    mask, ffn_mask = decided if decided is not None else (None, None)
+    nxt = Masks(None, None)
     if st.routed:
         rin = x if st.router_residual else h2.view(b, t, -1)  # [B, T, D]: what the routers read
-        if st.ffn_router_from_layer:  # both routers read rin: one launch decides both
-            mask, ffn_mask = K.router_decisions_pair(rin, w.head_attn, w.head_ffn)  # [B, T, Hk], [B, T, N_G]
-        else:
-            mask = K.router_decisions(rin, *w.head_attn)  # [B, T, Hk]
+        if decided is None:
+            mask, ffn_mask = _decide(rin, w.head_attn, w.head_ffn if st.ffn_router_from_layer else None)
+        if w.head_next is not None:
+            nxt = Masks(*_decide(rin, w.head_next[0], w.head_next[1] if st.ffn_router_from_layer else None))
         k, v = F.linear(h2, w.w_kv, w.b_kv).split([kv_width, kv_width], dim=-1)  # [M, Hk*d] each
         plan = K.plan(b * t, st.g_attn, mask.shape[-1], st.attn_sparsity_hint, force_k=st.force_k)
         route = K.plan_route(mask, plan)
@@ -174,19 +195,33 @@ def _attention(
         y = y + w.bo
     if w.out_bias_attn is not None:
         y = y + w.out_bias_attn
-    return y.view(b, t, -1), mask, ffn_mask
+    return y.view(b, t, -1), Masks(mask, ffn_mask), nxt
+
+
+def _decide(rin: torch.Tensor, head_attn: tuple, head_ffn: tuple | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """rin: [B, T, D] -> the attention router's mask and, given its head, the FFN router's on the same input
+    (one launch for both: ``router_decisions_pair``)."""
+    if head_ffn is None:
+        return K.router_decisions(rin, *head_attn), None
+    return K.router_decisions_pair(rin, head_attn, head_ffn)
 
 
 def _ffn(
     x: torch.Tensor, w: LayerWeights, st: StepConfig, mask: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """x: [B, T, D] -> (FFN block output [B, T, D], execute mask [B, T, N_G] or None when dense); ``mask``:
-    the decisions already taken from the layer input (ffn_router_from_layer), else the router reads x's."""
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """x: [B, T, D] -> (FFN block output [B, T, D], execute mask [B, T, N_G] or None when dense, the next
+    layer's FFN mask when its router reads this FFN's input (router_lookahead with the block source), else
+    None); ``mask``: the decisions already taken (from the layer input, or in the layer before), else the
+    router reads x's."""
     b, t, _ = x.shape
     h2 = rms_norm(x, w.ln_ffn, st.eps).reshape(b * t, -1)
+    nxt = None
     if st.routed:
+        rin = x if st.router_residual else h2.view(b, t, -1)  # [B, T, D]
         if mask is None:
-            mask = K.router_decisions(x if st.router_residual else h2.view(b, t, -1), *w.head_ffn)  # [B, T, N_G]
+            mask = K.router_decisions(rin, *w.head_ffn)  # [B, T, N_G]
+        if w.head_next is not None and not st.ffn_router_from_layer:
+            nxt = K.router_decisions(rin, *w.head_next[1])
         plan = K.plan(b * t, st.g_ffn, mask.shape[-1], st.ffn_sparsity_hint, force_k=st.force_k)
         route = K.plan_route(mask, plan)
         a = K.routed_swiglu(h2, w.w_gate, w.w_up, route, st.g_ffn)  # zeros if inactive
@@ -196,7 +231,7 @@ def _ffn(
     else:
         gate, up = F.linear(h2, w.w_gate_up).chunk(2, dim=-1)  # [M, D'] each, one GEMM
         y = F.linear(F.silu(gate) * up, w.w_down)
-    return y.view(b, t, -1), mask
+    return y.view(b, t, -1), mask, nxt
 
 
 def layer_step(
@@ -209,14 +244,19 @@ def layer_step(
     ck: torch.Tensor,
     cv: torch.Tensor,
     st: StepConfig,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    decided: Masks | None = None,
+) -> tuple[torch.Tensor, Masks, Masks | None]:
     """One decoder layer: x [B, T, D] at positions pos [B, T] (cos/sin [B, T, d]; lens [B]: cached
-    tokens before this step) -> (x [B, T, D], attention and FFN execute masks, None when dense).
-    Tensors only (plus the static ``st``), so that one compiled step serves every layer."""
-    a, attn_mask, ffn_mask = _attention(x, cos, sin, pos, lens, w, ck, cv, st)
+    tokens before this step) -> (x [B, T, D], this layer's execute masks (None when dense), the next layer's
+    masks when its routers read this layer's inputs (router_lookahead; else None)). ``decided``: this layer's
+    masks, taken in the layer before. Tensors only (plus the static ``st``), so that one compiled step serves
+    every layer."""
+    a, masks, nxt = _attention(x, cos, sin, pos, lens, w, ck, cv, st, decided)
     x = x + a
-    f, ffn_mask = _ffn(x, w, st, ffn_mask)
-    return x + f, attn_mask, ffn_mask
+    f, ffn_mask, nxt_ffn = _ffn(x, w, st, masks.ffn)
+    if w.head_next is None:
+        return x + f, Masks(masks.attn, ffn_mask), None
+    return x + f, Masks(masks.attn, ffn_mask), Masks(nxt.attn, nxt.ffn if nxt_ffn is None else nxt_ffn)
 
 
 def _rows(t: torch.Tensor | None, lo: int, hi: int | None) -> torch.Tensor | None:
@@ -312,11 +352,6 @@ class WideRuntime:
                 f"WideRuntime serves per-group routers; these are {wm.config.method}'s: run them with the masked "
                 "path (the routed model itself)"
             )
-        if routed and wm.config.router_lookahead:
-            raise ValueError(
-                "WideRuntime decides each layer from its own input; router_lookahead routers (decided from the "
-                "layer before) run on the masked path (the routed model itself)"
-            )
         if routed and s.attn_heads_per_group != d.gqa_group:
             raise ValueError(
                 f"the routed kernels take one attention decision per KV group ({d.gqa_group} heads); these "
@@ -372,16 +407,20 @@ class WideRuntime:
             ffn = (None, mlp.gate_proj.weight, mlp.up_proj.weight)  # routed SwiGLU reads both anyway
             heads = self.heads[i]
             out_bias = tuple(self._out_bias(getattr(self.wm.routers[i], k), at.o_proj.weight) for k in ("attn", "ffn"))
+            # router_lookahead: the next layer's routers read this layer's router inputs (WideModel's hooks)
+            ahead = self.wm.config.router_lookahead and i + 1 < len(self.layers)
+            head_next = self.heads[i + 1] if ahead else None
         else:
             w_in, b_in = fuse_linears([at.q_proj, at.k_proj, at.v_proj])
             attn = (w_in, b_in, None, None, None, None)
             ffn = (fuse_linears([mlp.gate_proj, mlp.up_proj])[0], None, None)
             heads = (None, None)
             out_bias = (None, None)
+            head_next = None
         return LayerWeights(
             layer.input_layernorm.weight, *attn, at.o_proj.weight, at.o_proj.bias,
             None if qn is None else qn.weight, None if kn is None else kn.weight,
-            layer.post_attention_layernorm.weight, *ffn, mlp.down_proj.weight, *heads, *out_bias,
+            layer.post_attention_layernorm.weight, *ffn, mlp.down_proj.weight, *heads, *out_bias, head_next,
         )  # fmt: skip
 
     @staticmethod
@@ -441,11 +480,12 @@ class WideRuntime:
         cos, sin = self.hf.model.rotary_emb(x, pos)  # [B, T, d], once for every layer
         lens = self.cache.lens[: ids.shape[0]]
         meter = self.wm.meter if (self.wm.metering and self.routed) else None
+        decided = None  # router_lookahead: this layer's masks, taken in the layer before
         for i, (w, st) in enumerate(zip(self.weights, self.step_configs[decode], strict=True)):
-            x, attn_mask, ffn_mask = self.step(x, cos, sin, pos, lens, w, self.cache.k[i], self.cache.v[i], st)
+            x, masks, decided = self.step(x, cos, sin, pos, lens, w, self.cache.k[i], self.cache.v[i], st, decided)
             if meter is not None:
-                meter.record(i, "attn", attn_mask)
-                meter.record(i, "ffn", ffn_mask)
+                meter.record(i, "attn", masks.attn)
+                meter.record(i, "ffn", masks.ffn)
         if every_position:
             return self.hf.lm_head(self.hf.model.norm(x))
         x = self.hf.model.norm(x[:, -1])
