@@ -371,14 +371,16 @@ def test_cuda_graph_decode_equals_eager_on_gpu(routed):
     assert torch.equal(eager, graphed)
 
 
-@pytest.mark.parametrize("routed", [True, False])
-def test_compiled_layer_step_equals_eager(routed):
-    """compile=True runs the same layer step through torch.compile: same logits, one graph for all layers."""
+@pytest.mark.parametrize(("routed", "source", "lookahead"), [(True, "block", False), (False, "block", False),
+                                                              (True, "layer", True)])  # fmt: skip
+def test_compiled_layer_step_equals_eager(routed, source, lookahead):
+    """compile=True runs the same layer step through torch.compile: same logits, one graph for all layers
+    (under lookahead two layers take two variants: the first decides its own masks, the last none ahead)."""
     import torch._dynamo
 
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    model, wm = _routed("qwen3", seed=3)
+    model, wm = _routed("qwen3", seed=3, source=source, lookahead=lookahead)
     ids = torch.randint(0, 101, (2, 6))
     eager = WideRuntime(wm, max_batch=2, max_seq=16, routed=routed)
     comp = WideRuntime(wm, max_batch=2, max_seq=16, routed=routed, compile=True)
@@ -389,7 +391,7 @@ def test_compiled_layer_step_equals_eager(routed):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
         nxt = a.argmax(-1, keepdim=True)
     torch.testing.assert_close(comp.cache.k, eager.cache.k)
-    # the two layers share their compiled code: one frame per (prefill, decode) static config
+    # the two layers share their compiled code: one frame per (prefill, decode) static config (and variant)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 4
 
 
