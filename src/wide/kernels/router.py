@@ -407,7 +407,7 @@ def router_decisions_pair(
     [..., N_G_b], each exactly ``router_decisions(h, *router)``, decided in one launch on CUDA (the runtime's
     layer start when the FFN router reads the layer input). ``config`` as in ``router_decisions``."""
     h2 = _prepare(h, *router_a)
-    _prepare(h, *router_b)
+    _prepare(h2, *router_b)  # router b's checks (h2 is already the [M, D] contiguous view)
     ra = (router_a[0], router_a[1].contiguous(), router_a[2].contiguous())
     rb = (router_b[0], router_b[1].contiguous(), router_b[2].contiguous())
     if config is not None:

@@ -28,7 +28,8 @@ from typing import NamedTuple
 import torch
 
 from wide.kernels import fused_decode as FD
-from wide.kernels.router import router_decisions, router_decisions_pair
+from wide.kernels.router import router_decisions
+from wide.runtime.model import decide
 
 
 class FusedLayer(NamedTuple):
@@ -131,16 +132,6 @@ def check_fused(rt, max_batch: int) -> None:
         raise ValueError(why)
 
 
-def _decide(rin: torch.Tensor, router_attn: tuple | None, router_ffn: tuple | None, with_ffn: bool) -> tuple:
-    """rin: [B, D] -> (attention mask [B, Hk], FFN mask [B, G] when ``with_ffn`` (the FFN router reads the
-    layer input), else None); None for an absent router. Both in one launch where both read rin."""
-    if router_attn is None:
-        return None, (router_decisions(rin, *router_ffn) if with_ffn and router_ffn is not None else None)
-    if with_ffn and router_ffn is not None:
-        return router_decisions_pair(rin, router_attn, router_ffn)
-    return router_decisions(rin, *router_attn), None
-
-
 @torch.no_grad()
 def fused_decode_step(rt, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     """ids [B, 1] at positions pos [B, 1] (= the cache lengths) -> logits [B, V]; writes each layer's K/V
@@ -158,11 +149,16 @@ def fused_decode_step(rt, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     final = rt.hf.model.norm
     masks = []  # per layer (attention [B, Hk], FFN [B, G]) when routed: rt.fused_masks (benchmarks read them)
     decided = None  # router_lookahead: this layer's masks, taken in the layer before
+    early = st.ffn_router_from_layer  # the FFN router reads the layer input
     for i, w in enumerate(layers):
         rin = x if st.router_residual else h  # [B, D]: what the routers read
-        early = st.ffn_router_from_layer  # the FFN router reads the layer input
-        mask_a, mask_f = decided if decided is not None else _decide(rin, w.router_attn, w.router_ffn, early)
-        nxt_a, nxt_f = _decide(rin, *w.router_next, early) if w.router_next is not None else (None, None)
+        if decided is not None:
+            mask_a, mask_f = decided
+        else:
+            mask_a, mask_f = decide(rin, w.router_attn, w.router_ffn if early else None)
+        nxt_a, nxt_f = None, None
+        if w.router_next is not None:
+            nxt_a, nxt_f = decide(rin, w.router_next[0], w.router_next[1] if early else None)
         q = FD.qkv_rope_cache(
             h, w.w_qkv, w.b_qkv, mask_a, cos, sin, p, rt.cache.k[i], rt.cache.v[i], st.n_q,
             w.q_norm, w.k_norm, st.qk_eps,

@@ -155,9 +155,9 @@ def _attention(
     if st.routed:
         rin = x if st.router_residual else h2.view(b, t, -1)  # [B, T, D]: what the routers read
         if decided is None:
-            mask, ffn_mask = _decide(rin, w.head_attn, w.head_ffn if st.ffn_router_from_layer else None)
+            mask, ffn_mask = decide(rin, w.head_attn, w.head_ffn if st.ffn_router_from_layer else None)
         if w.head_next is not None:
-            nxt = Masks(*_decide(rin, w.head_next[0], w.head_next[1] if st.ffn_router_from_layer else None))
+            nxt = Masks(*decide(rin, w.head_next[0], w.head_next[1] if st.ffn_router_from_layer else None))
         k, v = F.linear(h2, w.w_kv, w.b_kv).split([kv_width, kv_width], dim=-1)  # [M, Hk*d] each
         plan = K.plan(b * t, st.g_attn, mask.shape[-1], st.attn_sparsity_hint, force_k=st.force_k)
         route = K.plan_route(mask, plan)
@@ -198,9 +198,14 @@ def _attention(
     return y.view(b, t, -1), Masks(mask, ffn_mask), nxt
 
 
-def _decide(rin: torch.Tensor, head_attn: tuple, head_ffn: tuple | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """rin: [B, T, D] -> the attention router's mask and, given its head, the FFN router's on the same input
-    (one launch for both: ``router_decisions_pair``)."""
+def decide(
+    rin: torch.Tensor, head_attn: tuple | None, head_ffn: tuple | None
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """rin: [..., D] -> the attention router's mask [..., Hk] and, given its head, the FFN router's [..., N_G] on
+    the same input (one launch for both: ``router_decisions_pair``); (None, None) without routers (dense).
+    Both runtime paths decide through it."""
+    if head_attn is None:
+        return None, None
     if head_ffn is None:
         return K.router_decisions(rin, *head_attn), None
     return K.router_decisions_pair(rin, head_attn, head_ffn)

@@ -23,7 +23,7 @@ import random
 import shutil
 import tempfile
 import time
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -348,10 +348,6 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _field_defaults(cls: type) -> dict:
-    return {f.name: f.default for f in fields(cls) if f.default is not MISSING}
-
-
 def _compare(what: str, saved: dict, now: dict, skip: frozenset = frozenset(), where: Path | None = None) -> None:
     for k in sorted(set(saved) | set(now)):
         if k in skip or saved.get(k) == now.get(k):
@@ -395,8 +391,8 @@ def check_out_dir(
         _compare("training", saved_extra, now_extra, where=out)
         _compare("training", saved_tc, {k: v for k, v in asdict(tc).items() if k != "extra"}, RESUME_MAY_CHANGE, out)
         if config is not None:
-            # a WideConfig field added after the run started was absent then, so the run had its default
-            saved_cfg = {**_field_defaults(WideConfig), **meta.get("wide_config", {})}
+            # from_dict: a field added after the run started was absent then, so the run had its default
+            saved_cfg = WideConfig.from_dict(meta.get("wide_config", {})).to_dict()
             _compare("routing config", saved_cfg, config.to_dict(), where=out)
         if base_model is not None and meta.get("base_model") not in (None, base_model):
             raise ValueError(
