@@ -111,11 +111,7 @@ rc=${PIPESTATUS[0]}
 [ -z "$tests" ] || wait "$tests"
 
 [ -f "$OUT/quality.json" ] && cp "$OUT/quality.json" "$WORK/quality.json"
-for f in "$WORK"/*/log.txt; do
-  [ -f "$f" ] || continue
-  echo "--- $f"
-  tr '\r' '\n' <"$f" | grep -v '^[[:space:]]*$' | tail -n 12 | cut -c1-300
-done >"$OUT/quality-tails.txt"
+bash scripts/device/row_tails.sh "$WORK" >"$OUT/quality-tails.txt"
 
 # $OUT/quality-work/work.tar.NN: what lets a fresh machine go on, whole rows only (scripts/device/pack_work.py)
 P=3; [ "${TEST_S:-0}" = 0 ] || P=2
