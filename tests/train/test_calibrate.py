@@ -160,3 +160,26 @@ def test_compiled_layer_is_traced_once_for_every_layer(tmp_path):
     assert counts["stats"]["unique_graphs"] <= 4, dict(counts["stats"])
     torch.testing.assert_close(got, want)
     assert [m["attn"].shape for m in wm.last_masks] == [m["attn"].shape for m in eager.last_masks]
+
+
+@pytest.mark.parametrize("source", ["block", "layer"])
+def test_compiled_lookahead_layers_equal_eager_on_every_forward(tmp_path, source):
+    """router_lookahead under compile_layers: each layer writes the next layer's masks, and the last layer's
+    norm decides nothing. Training steps run, and every later forward (gumbel and argmax, each twice: the
+    cached code, not the first trace) leaves every layer's masks and the eager model's logits. Fails when the
+    last layer's norm carries no hook (a layer then ran that layer's cached code, which writes no masks)."""
+    import torch._dynamo
+
+    cfg = WideConfig(ffn_group_size=16, router_rank=8, sparsity=0.4, router_lookahead=True, ffn_router_source=source)
+    torch._dynamo.reset()
+    eager, wm = (WideModel(tiny_model("llama", layers=4), cfg) for _ in range(2))
+    wm.compile_layers(backend="aot_eager")
+    calibrate(wm, _dataset(), TrainConfig(**{**TC, "steps": 3}), tmp_path, progress=False)
+    eager.routers.load_state_dict(wm.routers.state_dict())
+    ids = _dataset().input_ids[:2]
+    for mode in ("gumbel", "gumbel", "argmax", "argmax"):
+        with torch.no_grad(), wm.routing(mode, tau=1.0):
+            wm(ids)
+            assert all({"attn", "ffn"} <= set(m) for m in wm.last_masks), mode
+    with torch.no_grad():
+        torch.testing.assert_close(wm(ids).logits, eager(ids).logits)

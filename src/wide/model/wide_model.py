@@ -129,6 +129,18 @@ class WideModel(nn.Module):
                     self._handles.append(norm.register_forward_hook(router_hook))
                 self._handles.append(proj.register_forward_pre_hook(mask_hook))
                 self._slotted += [norm, proj]
+        # Every norm a router could read carries the hook, an empty slot list where no router reads it (the
+        # last layer's under lookahead): a compiled layer's hooks then differ only in list lengths, which
+        # Dynamo guards on. A layer whose norm had no hook could run another layer's cached code and skip
+        # the writes of the masks that the next layer reads (docs/negative-results.md, compiled lookahead).
+        for layer in layers:
+            for kind in ("attn", "ffn"):
+                norm = layer.input_layernorm if kind == "attn" or layer_input else layer.post_attention_layernorm
+                if (id(norm), kind) not in hooked:
+                    hooked.add((id(norm), kind))
+                    norm.__dict__.setdefault("_wide_slots_" + kind, [])
+                    self._handles.append(norm.register_forward_hook(hooks[kind][0]))
+                    self._slotted.append(norm)
 
     def set_out_bias(self, layer: int, kind: str, bias: torch.Tensor) -> None:
         """Add the constant ``bias`` [D] to the output of layer ``layer``'s O (kind 'attn') or down ('ffn')
