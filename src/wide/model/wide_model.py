@@ -132,7 +132,7 @@ class WideModel(nn.Module):
         # Every norm a router could read carries the hook, an empty slot list where no router reads it (the
         # last layer's under lookahead): a compiled layer's hooks then differ only in list lengths, which
         # Dynamo guards on. A layer whose norm had no hook could run another layer's cached code and skip
-        # the writes of the masks that the next layer reads (docs/negative-results.md, compiled lookahead).
+        # the writes of the masks that the next layer reads (docs/negative-results.md, "Compiled lookahead layers").
         for layer in layers:
             for kind in ("attn", "ffn"):
                 norm = layer.input_layernorm if kind == "attn" or layer_input else layer.post_attention_layernorm
