@@ -183,3 +183,28 @@ def test_compiled_lookahead_layers_equal_eager_on_every_forward(tmp_path, source
             assert all({"attn", "ffn"} <= set(m) for m in wm.last_masks), mode
     with torch.no_grad():
         torch.testing.assert_close(wm(ids).logits, eager(ids).logits)
+
+
+@pytest.mark.gpu
+def test_gpu_compiled_lookahead_layers_equal_eager():
+    """The same under the default backend (Inductor) on CUDA: two gumbel training forwards with backward,
+    then argmax forwards twice, every layer's masks present and the logits the eager model's."""
+    import torch._dynamo
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    cfg = WideConfig(ffn_group_size=16, router_rank=8, sparsity=0.4, router_lookahead=True)
+    torch._dynamo.reset()
+    eager, wm = (WideModel(tiny_model("llama", layers=4).cuda(), cfg).cuda() for _ in range(2))
+    eager.routers.load_state_dict(wm.routers.state_dict())
+    wm.compile_layers()
+    ids = _dataset().input_ids[:2].cuda()
+    for _ in range(2):
+        with wm.routing("gumbel", tau=1.0):
+            wm(ids).logits.float().square().mean().backward()
+        assert all({"attn", "ffn"} <= set(m) for m in wm.last_masks)
+    for _ in range(2):
+        with torch.no_grad():
+            got, want = wm(ids).logits, eager(ids).logits
+        assert all({"attn", "ffn"} <= set(m) for m in wm.last_masks)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
