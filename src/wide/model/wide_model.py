@@ -112,35 +112,29 @@ class WideModel(nn.Module):
         hooks = {kind: (self._router_hook(kind), self._mask_hook(kind)) for kind in ("attn", "ffn")}
         layer_input = self.config.ffn_router_source == "layer"  # the FFN router reads the attention's norm
         ahead = 1 if self.config.router_lookahead else 0  # layer l's routers read layer l - ahead's norms
-        hooked: set[tuple[int, str]] = set()
-        for i, layer in enumerate(layers):
-            src = layers[max(i - ahead, 0)]
-            for kind, norm, proj in (
-                ("attn", src.input_layernorm, layer.self_attn.o_proj),
-                ("ffn", src.input_layernorm if layer_input else src.post_attention_layernorm, layer.mlp.down_proj),
-            ):
-                slot = _Slot(i, getattr(self.routers[i], kind), self.last_masks[i])
-                # a norm serves one router per kind, two where lookahead gives layer 0's to layers 0 and 1
-                norm.__dict__.setdefault("_wide_slots_" + kind, []).append(slot)
-                proj._wide_slot = slot
-                router_hook, mask_hook = hooks[kind]
-                if (id(norm), kind) not in hooked:
-                    hooked.add((id(norm), kind))
-                    self._handles.append(norm.register_forward_hook(router_hook))
-                self._handles.append(proj.register_forward_pre_hook(mask_hook))
-                self._slotted += [norm, proj]
-        # Every norm a router could read carries the hook, an empty slot list where no router reads it (the
-        # last layer's under lookahead): a compiled layer's hooks then differ only in list lengths, which
-        # Dynamo guards on. A layer whose norm had no hook could run another layer's cached code and skip
-        # the writes of the masks that the next layer reads (docs/negative-results.md, "Compiled lookahead layers").
+
+        def norm_of(layer: nn.Module, kind: str) -> nn.Module:
+            return layer.input_layernorm if kind == "attn" or layer_input else layer.post_attention_layernorm
+
+        # Every layer's norms carry the router hook, with an empty slot list where no router reads them (the
+        # last layer's under lookahead): compiled layers then differ only in list lengths, which Dynamo guards
+        # on. A norm without the hook let a layer run another layer's cached code and skip writing the masks
+        # the next layer reads (docs/negative-results.md, "Compiled lookahead layers").
         for layer in layers:
             for kind in ("attn", "ffn"):
-                norm = layer.input_layernorm if kind == "attn" or layer_input else layer.post_attention_layernorm
-                if (id(norm), kind) not in hooked:
-                    hooked.add((id(norm), kind))
-                    norm.__dict__.setdefault("_wide_slots_" + kind, [])
-                    self._handles.append(norm.register_forward_hook(hooks[kind][0]))
-                    self._slotted.append(norm)
+                norm = norm_of(layer, kind)
+                norm.__dict__["_wide_slots_" + kind] = []
+                self._handles.append(norm.register_forward_hook(hooks[kind][0]))
+                self._slotted.append(norm)
+        for i, layer in enumerate(layers):
+            src = layers[max(i - ahead, 0)]
+            for kind, proj in (("attn", layer.self_attn.o_proj), ("ffn", layer.mlp.down_proj)):
+                slot = _Slot(i, getattr(self.routers[i], kind), self.last_masks[i])
+                # a norm serves one router per kind, two where lookahead gives layer 0's to layers 0 and 1
+                getattr(norm_of(src, kind), "_wide_slots_" + kind).append(slot)
+                proj._wide_slot = slot
+                self._handles.append(proj.register_forward_pre_hook(hooks[kind][1]))
+                self._slotted.append(proj)
 
     def set_out_bias(self, layer: int, kind: str, bias: torch.Tensor) -> None:
         """Add the constant ``bias`` [D] to the output of layer ``layer``'s O (kind 'attn') or down ('ffn')
