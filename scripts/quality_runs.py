@@ -54,7 +54,7 @@ class RunSpec:
     method: str
     target: float = 0.5
     sparsity_kind: str = "groups"
-    distill: str = "none"
+    distill: str = "none"  # the objective of every stage this row trains (calibration and LoRA)
     steps: int = 2000
     lora_steps: int = 0
     ffn_group_size: int = 128
@@ -195,6 +195,8 @@ def finetune_args(spec: RunSpec, a: argparse.Namespace, stage1: Path, out: Path)
     args += ["--seq-len", a.seq_len, "--batch-size", spec.batch_size or a.batch_size]
     args += ["--lr", a.lora_lr, "--save-every", a.save_every]
     args += ["--dtype", a.dtype, "--lora-r", a.lora_r]
+    if spec.distill != "none":
+        args += ["--distill", spec.distill]
     if a.compile:
         args.append("--compile")
     return args + _common(a)

@@ -564,3 +564,21 @@ def test_finetune_reproduces_and_resume_refuses_changed_lora(tiny_dir, text_file
     capsys.readouterr()
     assert finetune(tmp_path / "a", "--resume", "--lora-r", 8) == 2
     assert "--resume: --lora-r 8 differs from 4" in capsys.readouterr().err
+
+
+def test_finetune_distill_sets_stage_two_objective(tiny_dir, text_file, tmp_path):
+    """`wide finetune --distill kl+lm`: stage 2 adds the KL to the dense base (adapter and routing off) to
+    the LM loss, from the same first forward as plain LoRA, and its checkpoint records the objective."""
+    s1 = tmp_path / "s1"
+    assert calibrate_tiny(tiny_dir, text_file, s1) == 0
+
+    def finetune(out, *extra):
+        args = ("--data", text_file, "--steps", 1, "--seq-len", 32, "--batch-size", 2, "--log-every", 1)
+        assert cli("finetune", "--model", tiny_dir, "--routers", s1, "--lora-r", 4, *args, "--out", out, *extra) == 0
+        log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+        return log[0], json.loads((out / "wide_config.json").read_text())["config"]["distill"]
+
+    (plain, plain_mode), (kd, kd_mode) = finetune(tmp_path / "plain"), finetune(tmp_path / "kd", "--distill", "kl+lm")
+    assert (plain_mode, kd_mode) == ("none", "kl+lm")
+    assert kd["lm_loss"] == pytest.approx(plain["lm_loss"], rel=1e-5)  # the same student forward
+    assert kd["loss"] - plain["loss"] > 1e-4  # + KL(dense || routed) > 0: the routers skip work

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -180,6 +181,8 @@ def cmd_finetune(a: argparse.Namespace) -> int:
         raise ValueError(f"--routers {a.routers}: LoRA recovery is not implemented for teal (no routers to train)")
     device = _train_device(a)
     cfg = WideConfig.from_dict(check_checkpoint(a.routers)["config"])
+    if a.distill is not None:  # stage 2's own objective; the dense teacher is the base with the adapter off
+        cfg = dataclasses.replace(cfg, distill=a.distill)
     model_id = resolve_model_id(a.model)
     extra = {"model": model_id, "data": _data_source(a)[0], "routers": str(a.routers)}
     extra.update(lora_r=a.lora_r, lora_alpha=a.lora_alpha, lora_dropout=a.lora_dropout)
@@ -190,6 +193,7 @@ def cmd_finetune(a: argparse.Namespace) -> int:
     seed_everything(a.seed)  # LoRA's initialisation draws from the global generator
     adapter = apply_lora(model, r=a.lora_r, alpha=a.lora_alpha, dropout=a.lora_dropout)
     wm = load(model, a.routers, strict_base=not a.no_strict_base)  # hooks on the LoRA-wrapped modules
+    wm.config = cfg  # the routers' config with this stage's objective (saved with the adapter)
     ds, data = _training_data(a, tok, a.seq_len)
     summary = calibrate(wm, ds, tc, a.out, resume=a.resume, overwrite=a.overwrite, adapter=adapter, device=device)
     summary["data"], summary["stage1_routers"] = str(data), str(a.routers)
@@ -576,6 +580,12 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--lora-r", type=int, default=16, help="LoRA rank (all seven linear modules)")
     f.add_argument("--lora-alpha", type=int, default=32, help="LoRA alpha")
     f.add_argument("--lora-dropout", type=float, default=0.1, help="LoRA dropout")
+    f.add_argument(
+        "--distill",
+        choices=["none", "kl", "kl+lm"],
+        help="stage-2 objective: LM loss, KL to the dense model (the base, adapter and routing off), or both "
+        "(default: the stage-1 routers' own)",
+    )
     _add_training_args(f, lr=2e-4)
     f.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     f.add_argument("--device", help=DEVICE_HELP)

@@ -151,7 +151,12 @@ def test_spec_checks_order_and_device_spec():
         args = [str(x) for x in qr.calibrate_args(spec, a, Path("out"))]
         assert args[args.index("--batch-size") + 1] == str(want)
     args = [str(x) for x in qr.finetune_args(long[-1], a, Path("s1"), Path("out"))]
-    assert args[args.index("--batch-size") + 1] == "16"
+    assert args[args.index("--batch-size") + 1] == "16" and "--distill" not in args
+    # LoRA with distillation from the long routers: the row's objective reaches its LoRA stage
+    kd = qr.load_specs([ROOT / "scripts" / "device" / "quality-lora-distill.json"])
+    qr.check_specs(long + kd)
+    args = [str(x) for x in qr.finetune_args(kd[0], a, Path("s1"), Path("out"))]
+    assert args[args.index("--distill") + 1] == "kl+lm" and kd[0].stage1_from == long[1].key
     assert all(s.stage1_from in {t.key for t in long if not t.lora_steps} for s in long if s.lora_steps)
     # Table 2's other recovered baselines: layer skipping (stage 1 again), static width at WIDE + LoRA's FLOPs
     base_lora = qr.load_specs([ROOT / "scripts" / "device" / "quality-lora-baselines.json"])
