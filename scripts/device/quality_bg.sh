@@ -22,8 +22,11 @@ case "${1:-}" in
     rm -rf "$BG/repo" "$BG/out" && mkdir -p "$BG/repo" "$BG/out"
     # the call's own tree is replaced by the next call's: the run reads a copy (without the GGUF halves)
     tar --exclude=./.git --exclude='./.device-carry/smol.part.*' -cf - . | tar -xf - -C "$BG/repo"
-    cd "$BG/repo" && setsid nohup bash scripts/device/quality.sh "$BG/out" >"$BG/call.log" 2>&1 </dev/null &
-    echo $! >"$BG/pid"
+    rm -f "$BG/pid"
+    # the run writes its own pid: setsid forks when its caller leads a process group, so `$!` would
+    # name a process that has already exited (a run that looks ended while it trains)
+    cd "$BG/repo" && setsid nohup bash -c 'echo $$ >"$1/pid"; exec bash scripts/device/quality.sh "$1/out"' \
+      _ "$BG" >"$BG/call.log" 2>&1 </dev/null &
     sleep 5
     running && echo "started (pid $(cat "$BG/pid")), writing $BG/out" || { tail -20 "$BG/call.log"; exit 1; }
     ;;

@@ -21,10 +21,12 @@ def test_series_pair_each_wide_line_with_its_dense_run(tmp_path):
     pd = _plot_decode()
     records = json.loads(RECORD.read_text())["records"]
     lines, dense = pd.series(records)
-    assert set(lines) == set(dense)  # every WIDE line has the same step's dense TPOT
+    assert {k[:2] for k in lines} == set(dense)  # every WIDE line has the same step's dense TPOT
     for pts in lines.values():
         levels = [s for s, _ in pts]
-        assert levels == sorted(levels) and all(0 <= s < 1 for s in levels)
+        # one point per level: rows of the other FFN router input are a line of their own, not a zigzag
+        assert levels == sorted(set(levels)) and all(0 <= s < 1 for s in levels)
+    assert {k[2] for k in lines} == {r.get("ffn_router_source", "block") for r in records if r.get("variant") == "wide"}
     # the per-kind row (attn / ffn rates differ) is not a point of the shared-level lines
     assert sum(len(v) for v in lines.values()) < sum(1 for r in records if r.get("variant") == "wide")
     assert pd.main([str(RECORD), "--out", str(tmp_path / "d.png")]) == 0
