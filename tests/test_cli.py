@@ -582,3 +582,36 @@ def test_finetune_distill_sets_stage_two_objective(tiny_dir, text_file, tmp_path
     assert (plain_mode, kd_mode) == ("none", "kl+lm")
     assert kd["lm_loss"] == pytest.approx(plain["lm_loss"], rel=1e-5)  # the same student forward
     assert kd["loss"] - plain["loss"] > 1e-4  # + KL(dense || routed) > 0: the routers skip work
+
+
+def test_stage_two_checkpoints_load_with_their_adapter(tiny_dir, text_file, tmp_path, capsys):
+    """Every loader of a stage-2 checkpoint merges its LoRA adapter into the weights, once, as `wide eval`
+    scores it: `load_routers` (generate, demo, the runtime) and `wide.baselines.load` (refit, viz, eval);
+    `wide refit --out` carries the adapter along; `wide finetune` refuses to start from one."""
+    from peft import PeftModel
+
+    from wide.baselines import load
+    from wide.model import load_model, load_routers
+    from wide.model.checkpoint import ADAPTER_FILES
+
+    s1, s2 = tmp_path / "s1", tmp_path / "s2"
+    assert calibrate_tiny(tiny_dir, text_file, s1) == 0
+    train = ("--data", text_file, "--steps", 2, "--seq-len", 32, "--batch-size", 2, "--lora-r", 4)
+    assert cli("finetune", "--model", tiny_dir, *train, "--routers", s1, "--out", s2) == 0
+    want, _ = load_model(str(tiny_dir))
+    base = {k: v.clone() for k, v in want.state_dict().items()}
+    want = PeftModel.from_pretrained(want, str(s2)).merge_and_unload().state_dict()
+    assert any(not torch.equal(base[k], want[k]) for k in want)  # the adapter moves some weights
+    for loader in (load_routers, load):
+        model, _ = load_model(str(tiny_dir))
+        for _ in range(2):  # a second load onto the same model merges nothing more
+            wm = loader(model, s2)
+            got = model.state_dict()
+            assert all(torch.equal(got[k], want[k]) for k in want), loader.__name__
+            wm.detach()
+    refit = ("--data", text_file, "--batches", 1, "--batch-size", 2, "--seq-len", 32)
+    assert cli("refit", "--model", tiny_dir, "--routers", s2, *refit, "--out", tmp_path / "r") == 0
+    assert all((tmp_path / "r" / n).read_bytes() == (s2 / n).read_bytes() for n in ADAPTER_FILES)
+    capsys.readouterr()
+    assert cli("finetune", "--model", tiny_dir, *train, "--routers", s2, "--out", tmp_path / "s3") == 2
+    assert "a stage-2 checkpoint" in capsys.readouterr().err

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -171,7 +172,7 @@ def cmd_finetune(a: argparse.Namespace) -> int:
     from wide.baselines import load, method_of
     from wide.config import WideConfig
     from wide.model import load_model, resolve_model_id
-    from wide.model.checkpoint import check_checkpoint
+    from wide.model.checkpoint import check_checkpoint, has_adapter
     from wide.train.calibrate import calibrate, check_out_dir, seed_everything
     from wide.train.lora import apply_lora, check_lora_args
 
@@ -179,6 +180,8 @@ def cmd_finetune(a: argparse.Namespace) -> int:
     method = method_of(a.routers)
     if method == "teal":
         raise ValueError(f"--routers {a.routers}: LoRA recovery is not implemented for teal (no routers to train)")
+    if has_adapter(a.routers):  # its saved adapter would hold the new LoRA only, not the one merged below it
+        raise ValueError(f"--routers {a.routers}: a stage-2 checkpoint (it holds a LoRA adapter); start from stage 1")
     device = _train_device(a)
     cfg = WideConfig.from_dict(check_checkpoint(a.routers)["config"])
     if a.distill is not None:  # stage 2's own objective; the dense teacher is the base with the adapter off
@@ -303,6 +306,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
 def cmd_refit(a: argparse.Namespace) -> int:
     from wide.baselines import TRAINING_FREE, load, method_of
     from wide.model import load_model
+    from wide.model.checkpoint import ADAPTER_FILES, has_adapter
     from wide.train.data import DataOrder
     from wide.train.threshold_fit import fit_thresholds, trained_bias_of
 
@@ -322,6 +326,10 @@ def cmd_refit(a: argparse.Namespace) -> int:
         {"mode": a.mode, "tokens": a.batches * a.batch_size * a.seq_len, "data": str(data), "device": str(device)}
     )
     wm.save(a.out or a.routers, training=summary)
+    same = a.out is None or Path(a.out).resolve() == Path(a.routers).resolve()
+    if not same and has_adapter(a.routers):  # the thresholds were fit with the adapter merged: it travels along
+        for name in ADAPTER_FILES:
+            shutil.copyfile(Path(a.routers) / name, Path(a.out) / name)
     mean = lambda d, k: sum(v for n, v in d.items() if n.startswith(k)) / max(1, sum(n.startswith(k) for n in d))  # noqa: E731
     for when in ("before", "after"):
         d = fit[f"argmax_skip_{when}"]

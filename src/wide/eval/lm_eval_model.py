@@ -72,14 +72,8 @@ def load_routed(
         rdir = Path(routers)
         if not rdir.is_dir():
             raise FileNotFoundError(f"router checkpoint {rdir} does not exist")
-        if (rdir / "adapter_config.json").is_file():
-            from peft import PeftModel
-
-            wide_id = getattr(model.config, "wide_model_id", None)
-            model = PeftModel.from_pretrained(model, str(rdir)).merge_and_unload()
-            if wide_id is not None:
-                model.config.wide_model_id = wide_id
-        wm = load_method(model, str(rdir), strict_base=strict_base)  # any method of wide.baselines
+        # any method of wide.baselines; a stage-2 checkpoint's LoRA adapter is merged into model first
+        wm = load_method(model, str(rdir), strict_base=strict_base)
         wm.eval()
     return model, tok, wm
 

@@ -208,6 +208,7 @@ def run_eval(
     from wide.baselines import load as load_method
     from wide.eval.lm_eval_model import WideLM, default_device, load_routed, parse_dtype
     from wide.model import WideModel
+    from wide.model.checkpoint import has_adapter
 
     zs, wikitext = _eval_tasks(tasks)
     _check_data(zs, wikitext, data_dir)
@@ -311,13 +312,9 @@ def run_eval(
             result_of(rows)
     for i, r in enumerate(routers):
         t0 = time.time()
-        if (Path(r) / "adapter_config.json").is_file():
-            from peft import PeftModel
-
-            m = PeftModel.from_pretrained(copy.deepcopy(base), r).merge_and_unload()
-            m.config.wide_model_id = getattr(base.config, "wide_model_id", None)
-        else:
-            m = base
+        # a stage-2 checkpoint merges its LoRA adapter into the weights it loads onto: a copy, as the
+        # base serves the other rows
+        m = copy.deepcopy(base) if has_adapter(r) else base
         wm = load_method(m, r, strict_base=strict_base).eval()  # any method of wide.baselines
         try:
             # the bar names the checkpoint with its parent folder (runs/<name>/stage1 reads "<name>/stage1")

@@ -16,6 +16,8 @@ from wide.config import ModelDims, WideConfig
 
 CONFIG_NAME = "wide_config.json"
 WEIGHTS_NAME = "routers.safetensors"
+# stage 2 (`wide finetune`) writes its LoRA adapter beside the routers, in peft's format
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 FORMAT = "wide-routers"
 FORMAT_VERSION = 1
 
@@ -118,7 +120,7 @@ def check_checkpoint(ckpt_dir: str | Path) -> dict:
     if not d.is_dir():
         raise FileNotFoundError(f"router checkpoint {d} does not exist")
     meta = read_checkpoint_meta(d)
-    names = [WEIGHTS_NAME] + (["adapter_model.safetensors"] if (d / "adapter_config.json").is_file() else [])
+    names = [WEIGHTS_NAME] + ([ADAPTER_FILES[1]] if has_adapter(d) else [])
     for name in names:
         path = d / name
         if not path.is_file():
@@ -176,8 +178,39 @@ def attach_out_biases(wm, state: dict[str, torch.Tensor], ckpt_dir: str | Path) 
         wm.set_out_bias(int(layer), kind, state[key])
 
 
+def has_adapter(ckpt_dir: str | Path) -> bool:
+    """Whether ckpt_dir holds a LoRA adapter (a stage-2 checkpoint)."""
+    return (Path(ckpt_dir) / ADAPTER_FILES[0]).is_file()
+
+
+def merge_adapter(model: nn.Module, ckpt_dir: str | Path) -> None:
+    """Merge ckpt_dir's LoRA adapter into model's weights, in place (the same modules keep their identity),
+    at most once per model and checkpoint; nothing without an adapter. Its routers were trained beside
+    those weights: every path that runs them (eval, generate, refit, viz, the runtime) loads through here,
+    as `wide eval` scores them (docs/design.md, stage 2)."""
+    if not has_adapter(ckpt_dir):
+        return
+    key = str(Path(ckpt_dir).resolve())
+    merged: set = model.__dict__.setdefault("_wide_merged_adapters", set())
+    if key in merged:
+        return
+    if any(hasattr(m, "lora_A") for m in model.modules()):
+        raise CheckpointMismatchError(
+            f"checkpoint {ckpt_dir} holds a LoRA adapter and the model already carries LoRA layers: merge the "
+            "checkpoint's adapter first (wide.model.checkpoint.merge_adapter), then add new LoRA layers"
+        )
+    from peft import PeftModel
+
+    wide_id = getattr(model.config, "wide_model_id", None)
+    PeftModel.from_pretrained(model, str(ckpt_dir)).merge_and_unload()  # merges into model's own modules
+    if wide_id is not None:
+        model.config.wide_model_id = wide_id
+    merged.add(key)
+
+
 def load_routers(model: nn.Module, ckpt_dir: str | Path, *, strict_base: bool = True):
-    """Attach the routers saved in ckpt_dir to model (in place) and return the WideModel.
+    """Attach the routers saved in ckpt_dir to model (in place) and return the WideModel; a stage-2
+    checkpoint's LoRA adapter is merged into model's weights first (`merge_adapter`).
 
     Fails with CheckpointMismatchError naming what differs: model dimensions, base model id
     (when strict_base), or tensor shapes."""
@@ -204,6 +237,7 @@ def load_routers(model: nn.Module, ckpt_dir: str | Path, *, strict_base: bool = 
         )
     config = WideConfig.from_dict(meta["config"])
     state = load_tensors(Path(ckpt_dir) / WEIGHTS_NAME)  # before any hook is attached
+    merge_adapter(model, ckpt_dir)
     wm = WideModel(model, config, base_model_id=meta.get("base_model"))
     attach_out_biases(wm, state, ckpt_dir)
     own = wm.routers.state_dict()
