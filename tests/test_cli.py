@@ -64,11 +64,11 @@ def calibrate_tiny(tiny_dir, text_file, out, *extra: object, steps: int = 2) -> 
 
 def test_calibrate_then_resume(tiny_dir, text_file, tmp_path, capsys):
     out = tmp_path / "run"
-    extra = ("--sparsity", 0.3, "--save-every", 2, "--ffn-router-source", "layer", "--router-lookahead")
+    extra = ("--sparsity", 0.3, "--save-every", 2, "--ffn-router-source", "layer")
     assert calibrate_tiny(tiny_dir, text_file, out, *extra, steps=4) == 0
     meta = json.loads((out / "wide_config.json").read_text())
     assert meta["base_model"] == str(tiny_dir) and meta["config"]["sparsity"] == 0.3
-    assert meta["config"]["ffn_router_source"] == "layer" and meta["config"]["router_lookahead"] is True
+    assert meta["config"]["ffn_router_source"] == "layer"
     assert meta["training"]["steps"] == 4 and (out / "routers.safetensors").is_file()
     assert calibrate_tiny(tiny_dir, text_file, out, *extra, "--resume", steps=4) == 0  # from checkpoint-2
 

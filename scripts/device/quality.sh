@@ -30,8 +30,6 @@
 #     loss), 50% then 25%, several calls as quality-long.json
 #   SPEC=scripts/device/quality-router-source.json: WIDE with the FFN router reading the layer input (the
 #     ffn_router_source lever of docs/kernels.md's open problems), 25% and 50%, against wide-25 / wide-50
-#   SPEC=scripts/device/quality-lookahead.json: WIDE with lookahead routers (each layer decided from the layer
-#     before: --router-lookahead), 25% and 50%
 #   SPEC=scripts/device/quality-lora-baselines.json: layer skipping + LoRA (stage 1 trained again) and static width
 #     + LoRA at the FLOPs WIDE + LoRA removed, 25% and 50% (Table 2's other recovered baselines)
 #   SPEC=scripts/device/quality-skip-lora.json: module skipping + LoRA at 25% (its stage 1 trained again under

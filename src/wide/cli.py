@@ -130,7 +130,6 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
         tau_end=a.tau_end,
         router_input=a.router_input,
         ffn_router_source=a.ffn_router_source,
-        router_lookahead=a.router_lookahead,
         method=method,
         sparsity_kind=a.sparsity_kind,
         distill=a.distill,
@@ -516,11 +515,6 @@ def build_parser() -> argparse.ArgumentParser:
         default="block",
         help="where the FFN router reads it: the FFN block's input (the paper) or the layer's, as the attention "
         "router does (both decisions known at the layer's start)",
-    )
-    c.add_argument(
-        "--router-lookahead",
-        action="store_true",
-        help="each layer's routers read what the previous layer's read (decisions known a layer early)",
     )
     c.add_argument(
         "--method",

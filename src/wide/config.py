@@ -82,10 +82,6 @@ class WideConfig:
     ffn_router_source: "block" — the FFN router reads the FFN block's input (the paper); "layer" — it reads
         the layer's input, as the attention router does, so both decisions are known when the layer starts
         and the FFN router can run beside attention (docs/kernels.md, open problems).
-    router_lookahead: layer l's routers read what layer l - 1's routers of the same kind read (layer 0's
-        their own), so a layer's decisions can be taken while the layer before it runs, as Deja Vu's
-        asynchronous predictors (docs/kernels.md, open problems). Served by WideRuntime (decided in the
-        layer before, in stream order).
     module_skipping: the SkipGPT-style baseline — one decision per token for the whole attention
         block and one for the whole FFN (group sizes are then ignored). Same as method="module-skip".
     method: "wide", or a baseline of docs/baselines.md: "module-skip", "layer-skip" (one decision
@@ -111,7 +107,6 @@ class WideConfig:
     tau_end: float = 0.5
     router_input: Literal["normed", "residual"] = "normed"
     ffn_router_source: Literal["block", "layer"] = "block"
-    router_lookahead: bool = False
     module_skipping: bool = False
     method: str = "wide"
     sparsity_kind: str = "groups"
@@ -157,8 +152,6 @@ class WideConfig:
             )
         if self.ffn_router_source == "layer" and self.method in NO_GROUP_ROUTERS:
             raise WideConfigError(f"ffn_router_source='layer' needs an FFN router of its own; {self.method} has none")
-        if self.router_lookahead and self.method in NO_GROUP_ROUTERS:
-            raise WideConfigError(f"router_lookahead moves the group routers; {self.method} has none")
         if self.method not in METHODS:
             raise WideConfigError(f"method must be one of {METHODS}, got {self.method!r}")
         if self.module_skipping and self.method != "module-skip":
@@ -227,6 +220,12 @@ class WideConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> WideConfig:
+        d = dict(d)
+        # lookahead routers (each layer deciding from the layer before's input) were removed: their quality
+        # cost outweighed the overlap they were for (docs/negative-results.md); configs saved while the
+        # field existed carry it, false unless such routers were calibrated
+        if d.pop("router_lookahead", False):
+            raise WideConfigError("router_lookahead routers are no longer supported (docs/negative-results.md)")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:

@@ -174,14 +174,6 @@ def test_spec_checks_order_and_device_spec():
         assert (s.steps, s.method, s.batch_size) == (ref.steps, ref.method, ref.batch_size)
         args = [str(x) for x in qr.calibrate_args(s, a, Path("out"))]
         assert args[args.index("--ffn-router-source") + 1] == "layer"
-    # lookahead routers (each layer decided from the layer before), at the budget of the WIDE rows they are
-    # compared with
-    ahead = qr.load_specs([ROOT / "scripts" / "device" / "quality-lookahead.json"])
-    qr.check_specs(specs + sweep + long + skip_lora + base_lora + source + ahead)
-    for s in ahead:
-        ref = names_by[f"wide-{round(100 * s.target)}"]
-        assert (s.steps, s.method, s.batch_size) == (ref.steps, ref.method, ref.batch_size)
-        assert "--router-lookahead" in [str(x) for x in qr.calibrate_args(s, a, Path("out"))]
     # the two levers that moved WIDE most at 300 steps together: the long budget with distillation
     long_kd = qr.load_specs([ROOT / "scripts" / "device" / "quality-long-distill.json"])
     qr.check_specs(specs + sweep + long + skip_lora + base_lora + source + long_kd)

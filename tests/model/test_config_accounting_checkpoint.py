@@ -26,7 +26,6 @@ DIMS = ModelDims(n_layers=2, hidden=64, n_q_heads=4, n_kv_heads=2, head_dim=16, 
         (dict(router_input="hidden"), "router_input"),
         (dict(ffn_router_source="previous"), "ffn_router_source must be one of"),
         (dict(ffn_router_source="layer", method="layer-skip"), "layer-skip has none"),
-        (dict(router_lookahead=True, method="teal"), "teal has none"),
         (dict(tau_end=0), "tau"),
     ],
 )
@@ -54,6 +53,10 @@ def test_config_roundtrip_and_tau(tmp_path):
     assert c.tau_at(0, 11) == 5.0 and c.tau_at(10, 11) == 0.5 and c.tau_at(5, 11) == pytest.approx(2.75)
     with pytest.raises(WideConfigError, match="unknown"):
         WideConfig.from_dict({"bogus": 1})
+    # configs saved while lookahead routers existed carry the field: false loads, true is refused by name
+    assert WideConfig.from_dict({**c.to_dict(), "router_lookahead": False}) == c
+    with pytest.raises(WideConfigError, match="router_lookahead routers are no longer supported"):
+        WideConfig.from_dict({**c.to_dict(), "router_lookahead": True})
 
 
 def test_unsupported_architecture_is_a_clear_error():

@@ -202,44 +202,6 @@ def test_ffn_router_source_sets_what_the_ffn_router_reads(source, router_input):
     assert not any(n.startswith("_wide_slot") for m in model.modules() for n in vars(m))
 
 
-@pytest.mark.parametrize("source", ["block", "layer"])
-def test_router_lookahead_decides_each_layer_from_the_layer_before(source):
-    """router_lookahead: layer l's routers read what layer l - 1's of the same kind read (layer 0's their
-    own); each decision is taken once per forward (metering counts every layer once)."""
-    layers = 3
-    model = tiny_model("llama", layers=layers, hidden=64, heads=4, kv=2, inter=64)
-    cfg = WideConfig(ffn_group_size=16, router_rank=8, ffn_router_source=source, router_lookahead=True)
-    wm = WideModel(model, cfg)
-    for r in wm.routers:
-        torch.nn.init.normal_(r.attn.up.weight, std=2.0)
-        torch.nn.init.normal_(r.ffn.up.weight, std=2.0)
-    seen = {}
-    hooks = []
-    for i, layer in enumerate(model.model.layers):
-        hooks.append(layer.input_layernorm.register_forward_hook(lambda m, a, o, i=i: seen.update({("h", i): o})))
-        post = layer.post_attention_layernorm
-        hooks.append(post.register_forward_hook(lambda m, a, o, i=i: seen.update({("h2", i): o})))
-    ids = torch.randint(0, 101, (2, 7))
-    wm.start_meter()
-    with torch.no_grad():
-        wm(ids)
-    meter = wm.stop_meter()
-    for h in hooks:
-        h.remove()
-    with torch.no_grad():
-        for i, r in enumerate(wm.routers):
-            src = max(i - 1, 0)
-            ffn_in = seen[("h", src)] if source == "layer" else seen[("h2", src)]
-            assert torch.equal(wm.last_masks[i]["attn"], r.attn.skip_margin(seen[("h", src)]) <= 0), i
-            assert torch.equal(wm.last_masks[i]["ffn"], r.ffn.skip_margin(ffn_in) <= 0), i
-            if i > 1:  # not what the layer's own input gives (layer 1 reads what layer 0 reads)
-                assert not torch.equal(wm.last_masks[i]["attn"], r.attn.skip_margin(seen[("h", i)]) <= 0), i
-    want = sum(1 - m["attn"].float().mean().item() for m in wm.last_masks) / layers
-    assert meter["attn_sparsity"] == pytest.approx(want, abs=1e-6)  # each layer's decisions recorded once
-    wm.detach()
-    assert not any(n.startswith("_wide_slot") for m in model.modules() for n in vars(m))
-
-
 def test_all_execute_equals_dense_and_dense_mode_bypasses():
     model = tiny_model("llama")
     ids = torch.randint(0, 101, (2, 9))

@@ -11,17 +11,11 @@ from wide.model import WideModel
 from wide.runtime import WideRuntime, generate
 
 
-def _routed(family: str, seed: int = 0, router_input: str = "normed", source: str = "block", lookahead=False):
-    # head_dim 32 (the fused QKV kernel pairs RoPE halves of >= 16 columns), FFN groups of 16; three layers
-    # under lookahead (layer 2 decided from layer 1's inputs)
-    model = tiny_model(family, layers=3 if lookahead else 2, hidden=128, heads=4, kv=2, inter=96, seed=seed)
+def _routed(family: str, seed: int = 0, router_input: str = "normed", source: str = "block"):
+    # head_dim 32 (the fused QKV kernel pairs RoPE halves of >= 16 columns), FFN groups of 16
+    model = tiny_model(family, layers=2, hidden=128, heads=4, kv=2, inter=96, seed=seed)
     cfg = WideConfig(
-        ffn_group_size=16,
-        router_rank=8,
-        sparsity=0.5,
-        router_input=router_input,
-        ffn_router_source=source,
-        router_lookahead=lookahead,
+        ffn_group_size=16, router_rank=8, sparsity=0.5, router_input=router_input, ffn_router_source=source
     )
     wm = WideModel(model, cfg)
     for r in wm.routers:  # mixed decisions
@@ -51,16 +45,12 @@ def test_fused_greedy_decode_equals_unfused_and_masked_path(family):
     assert torch.equal(fused, _masked_greedy(wm, ids, 5))
 
 
-@pytest.mark.parametrize(
-    ("router_input", "source", "lookahead"),
-    [("residual", "block", False), ("normed", "layer", False), ("normed", "block", True), ("residual", "layer", True)],
-)
-def test_fused_decode_routers_read_what_the_masked_path_reads(router_input, source, lookahead):
+@pytest.mark.parametrize(("router_input", "source"), [("residual", "block"), ("normed", "layer")])
+def test_fused_decode_routers_read_what_the_masked_path_reads(router_input, source):
     """router_input="residual": the fused step's routers read the residual entering attention / the FFN;
-    ffn_router_source="layer": the FFN router reads the layer's input; router_lookahead: each layer's routers
-    read what the layer before's read. As the masked path's and the unfused runtime's do (their decisions
-    differ from the default's: the normed input of each block)."""
-    model, wm = _routed("llama", seed=1, router_input=router_input, source=source, lookahead=lookahead)
+    ffn_router_source="layer": the FFN router reads the layer's input. As the masked path's and the unfused
+    runtime's do (their decisions differ from the default's: the normed input of each block)."""
+    model, wm = _routed("llama", seed=1, router_input=router_input, source=source)
     for layer, r in zip(model.model.layers, wm.routers, strict=True):  # norm and margin offsets: the two differ
         layer.input_layernorm.weight.data.uniform_(0.2, 2.0)
         layer.post_attention_layernorm.weight.data.uniform_(0.2, 2.0)
@@ -75,7 +65,6 @@ def test_fused_decode_routers_read_what_the_masked_path_reads(router_input, sour
     rt.decode(fused[:, 4:5])
     residual = [m for pair in rt.fused_masks for m in pair]
     wm.config.router_input, wm.config.ffn_router_source = "normed", "block"  # the default reads otherwise
-    wm.config.router_lookahead = False
     rt = WideRuntime(wm, max_batch=3, max_seq=16, fused_decode=True)
     rt.prefill(ids)
     rt.decode(fused[:, 4:5])
@@ -198,19 +187,15 @@ def _ops_of_step(rt, n_layers: int) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    ("routed", "source", "lookahead", "launches"),
-    [(True, "block", False, 6), (True, "layer", False, 5), (True, "block", True, 6), (True, "layer", True, 5),
-     (False, "block", False, 4)],
-)  # fmt: skip
-def test_fused_layer_launches_six_kernels_or_fewer(routed, source, lookahead, launches):
+    ("routed", "source", "launches"), [(True, "block", 6), (True, "layer", 5), (False, "block", 4)]
+)
+def test_fused_layer_launches_six_kernels_or_fewer(routed, source, launches):
     """Per decoder layer the fused step issues only the fused ops (+ the routers): 6 routed, 4 dense; 5 when
-    the FFN router reads the layer input (both routers in one launch); the same under lookahead, whose
-    launches decide the next layer's masks."""
-    _, wm = _routed("llama", seed=4, source=source, lookahead=lookahead)
+    the FFN router reads the layer input (both routers in one launch)."""
+    _, wm = _routed("llama", seed=4, source=source)
     rt = WideRuntime(wm, max_batch=2, max_seq=8, routed=routed, fused_decode=True)
     rt.prefill(torch.randint(0, 101, (2, 3)))
     one, two = _ops_of_step(rt, 1), _ops_of_step(rt, 2)
     assert len(two) - len(one) == launches, (one, two)
     layer_ops = [op for op in two if op.startswith("wide::")]
-    first = (2 if source == "block" else 1) if lookahead else 0  # under lookahead layer 0 decides its own too
-    assert len(layer_ops) == 1 + 2 * launches + first  # the first layer's norm + two layers
+    assert len(layer_ops) == 1 + 2 * launches  # the first layer's norm + two layers

@@ -14,15 +14,14 @@ from wide.runtime import GraphedPrefill, WideRuntime, generate
 from wide.runtime.model import fuse_linears
 
 
-def _routed(family: str, sparsity=0.5, seed=0, router_input="normed", source="block", lookahead=False, layers=2):
-    model = tiny_model(family, layers=layers, hidden=64, heads=4, kv=2, inter=64, seed=seed)
+def _routed(family: str, sparsity=0.5, seed=0, router_input="normed", source="block"):
+    model = tiny_model(family, layers=2, hidden=64, heads=4, kv=2, inter=64, seed=seed)
     cfg = WideConfig(
         ffn_group_size=16,
         router_rank=8,
         sparsity=sparsity,
         router_input=router_input,
         ffn_router_source=source,
-        router_lookahead=lookahead,
     )
     wm = WideModel(model, cfg)
     for r in wm.routers:  # mixed decisions
@@ -206,31 +205,24 @@ def test_runtime_names_unsupported_families():
 
 # --------------------------------------------------------------------------- served = evaluated (CPU)
 @pytest.mark.parametrize(
-    ("family", "router_input", "source", "lookahead"),
+    ("family", "router_input", "source"),
     [
-        *((f, "normed", "block", False) for f in ("llama", "qwen2", "qwen3", "mistral")),
-        ("llama", "residual", "block", False),
-        ("qwen3", "normed", "layer", False),
-        ("llama", "residual", "layer", False),
-        ("llama", "normed", "block", True),
-        ("qwen2", "residual", "layer", True),
+        *((f, "normed", "block") for f in ("llama", "qwen2", "qwen3", "mistral")),
+        ("llama", "residual", "block"),
+        ("qwen3", "normed", "layer"),
+        ("llama", "residual", "layer"),
     ],
 )
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_scores_and_decisions_equal_the_masked_path_in_low_precision(
-    family, router_input, source, lookahead, dtype, monkeypatch
-):
+def test_scores_and_decisions_equal_the_masked_path_in_low_precision(family, router_input, source, dtype, monkeypatch):
     """In bf16 / fp16 the runtime makes the masked path's decisions (0 differing, every layer and kind)
     and its logits at every position are the masked path's, bit for bit: one decision rule, and on the CPU
     the same torch arithmetic for the backbone (docs/routing.md#the-decision-rule). Runs the torch path a
     CPU user runs (the interpreter's kernels compute the GEMMs in their own order). Routers that read the
-    residual stream (``router_input="residual"``), an FFN router that reads the layer input
-    (``ffn_router_source="layer"``), and routers decided in the layer before (``router_lookahead``, three
-    layers) read the same in the runtime."""
+    residual stream (``router_input="residual"``) and an FFN router that reads the layer input
+    (``ffn_router_source="layer"``) read the same in the runtime."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    model, wm = _routed(
-        family, seed=2, router_input=router_input, source=source, lookahead=lookahead, layers=3 if lookahead else 2
-    )
+    model, wm = _routed(family, seed=2, router_input=router_input, source=source)
     model.to(dtype)
     ids = torch.randint(0, 101, (3, 41))
     with torch.no_grad():
@@ -371,16 +363,15 @@ def test_cuda_graph_decode_equals_eager_on_gpu(routed):
     assert torch.equal(eager, graphed)
 
 
-@pytest.mark.parametrize(("routed", "source", "lookahead"), [(True, "block", False), (False, "block", False),
-                                                              (True, "layer", True)])  # fmt: skip
-def test_compiled_layer_step_equals_eager(routed, source, lookahead):
+@pytest.mark.parametrize(("routed", "source"), [(True, "block"), (False, "block"), (True, "layer")])
+def test_compiled_layer_step_equals_eager(routed, source):
     """compile=True runs the same layer step through torch.compile: same logits, one graph for all layers
-    (under lookahead two layers take two variants: the first decides its own masks, the last none ahead)."""
+    (the FFN router on the layer input: both routers in the pair op)."""
     import torch._dynamo
 
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    model, wm = _routed("qwen3", seed=3, source=source, lookahead=lookahead)
+    model, wm = _routed("qwen3", seed=3, source=source)
     ids = torch.randint(0, 101, (2, 6))
     eager = WideRuntime(wm, max_batch=2, max_seq=16, routed=routed)
     comp = WideRuntime(wm, max_batch=2, max_seq=16, routed=routed, compile=True)
@@ -391,7 +382,7 @@ def test_compiled_layer_step_equals_eager(routed, source, lookahead):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
         nxt = a.argmax(-1, keepdim=True)
     torch.testing.assert_close(comp.cache.k, eager.cache.k)
-    # the two layers share their compiled code: one frame per (prefill, decode) static config (and variant)
+    # the two layers share their compiled code: one frame per (prefill, decode) static config
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 4
 
 

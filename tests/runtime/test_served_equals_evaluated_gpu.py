@@ -100,7 +100,7 @@ def test_prefill_logits_within_the_bf16_rule_of_the_masked_path(shape):
     served_err, masked_err = rel(served, ref32), rel(masked, ref32)
     n = sum(a.numel() + f.numel() for a, f in masks32)
     flips = lambda ms: sum(int((a != a32).sum() + (f != f32).sum()) for (a, f), (a32, f32) in zip(ms, masks32))  # noqa: E731
-    served_flips, masked_flips = flips([tuple(o[1]) for o in outs]), flips(masks16)  # o: (x, Masks, next)
+    served_flips, masked_flips = flips([tuple(o[1]) for o in outs]), flips(masks16)  # o: (x, Masks)
     print(f"{shape[0]}: vs fp32 served {served_err:.2e} masked {masked_err:.2e}; "
           f"flips served {served_flips}/{n} masked {masked_flips}/{n}")  # fmt: skip
     assert served_err <= 2 * masked_err + 1e-3, (served_err, masked_err)

@@ -103,38 +103,26 @@ class WideModel(nn.Module):
 
     # ------------------------------------------------------------------ hooks
     # One hook function per kind and position, shared by every layer: the layer's routers and masks are
-    # found through a plain attribute (`_wide_slots_<kind>` on the norm a router reads, `_wide_slot` on the
+    # found through a plain attribute (`_wide_slot_<kind>` on the norm a router reads, `_wide_slot` on the
     # projection it masks; not registered submodules, so the base model's state_dict is untouched) on the
     # hooked module. Nothing layer-specific (no layer index, no per-layer closure) is read on the traced
     # path, so torch.compile traces the decoder layer once and reuses that code for every layer (see
-    # compile_layers).
+    # compile_layers). Every layer's norms and projections carry the same hooks: a layer without one would
+    # let Dynamo run its cached code for another layer (docs/negative-results.md, "Compiled lookahead layers").
     def _attach(self, layers: nn.ModuleList) -> None:
         hooks = {kind: (self._router_hook(kind), self._mask_hook(kind)) for kind in ("attn", "ffn")}
         layer_input = self.config.ffn_router_source == "layer"  # the FFN router reads the attention's norm
-        ahead = 1 if self.config.router_lookahead else 0  # layer l's routers read layer l - ahead's norms
-
-        def norm_of(layer: nn.Module, kind: str) -> nn.Module:
-            return layer.input_layernorm if kind == "attn" or layer_input else layer.post_attention_layernorm
-
-        # Every layer's norms carry the router hook, with an empty slot list where no router reads them (the
-        # last layer's under lookahead): compiled layers then differ only in list lengths, which Dynamo guards
-        # on. A norm without the hook let a layer run another layer's cached code and skip writing the masks
-        # the next layer reads (docs/negative-results.md, "Compiled lookahead layers").
-        for layer in layers:
-            for kind in ("attn", "ffn"):
-                norm = norm_of(layer, kind)
-                norm.__dict__["_wide_slots_" + kind] = []
-                self._handles.append(norm.register_forward_hook(hooks[kind][0]))
-                self._slotted.append(norm)
         for i, layer in enumerate(layers):
-            src = layers[max(i - ahead, 0)]
-            for kind, proj in (("attn", layer.self_attn.o_proj), ("ffn", layer.mlp.down_proj)):
+            for kind, norm, proj in (
+                ("attn", layer.input_layernorm, layer.self_attn.o_proj),
+                ("ffn", layer.input_layernorm if layer_input else layer.post_attention_layernorm, layer.mlp.down_proj),
+            ):
                 slot = _Slot(i, getattr(self.routers[i], kind), self.last_masks[i])
-                # a norm serves one router per kind, two where lookahead gives layer 0's to layers 0 and 1
-                getattr(norm_of(src, kind), "_wide_slots_" + kind).append(slot)
+                setattr(norm, "_wide_slot_" + kind, slot)
                 proj._wide_slot = slot
-                self._handles.append(proj.register_forward_pre_hook(hooks[kind][1]))
-                self._slotted.append(proj)
+                router_hook, mask_hook = hooks[kind]
+                self._handles += [norm.register_forward_hook(router_hook), proj.register_forward_pre_hook(mask_hook)]
+                self._slotted += [norm, proj]
 
     def set_out_bias(self, layer: int, kind: str, bias: torch.Tensor) -> None:
         """Add the constant ``bias`` [D] to the output of layer ``layer``'s O (kind 'attn') or down ('ffn')
@@ -161,30 +149,30 @@ class WideModel(nn.Module):
             h.remove()
         self._handles.clear()
         for m in self._slotted:
-            for name in ("_wide_slot", "_wide_slots_attn", "_wide_slots_ffn"):
+            for name in ("_wide_slot", "_wide_slot_attn", "_wide_slot_ffn"):
                 m.__dict__.pop(name, None)
         self._slotted.clear()
 
     def _router_hook(self, kind: str):
-        attr = "_wide_slots_" + kind
+        attr = "_wide_slot_" + kind
 
         def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
             if self.mode == "dense":
                 return
+            slot = getattr(module, attr)
             x = output if self.config.router_input == "normed" else args[0]  # x: [B, T, D]
-            for slot in getattr(module, attr):  # the routers that read this norm (one; two under lookahead)
-                margin = slot.router.skip_margin(x)  # [B, T, N_G] fp32: the one decision rule (wide.routing)
-                argmax_exec = margin <= 0  # [B, T, N_G] bool
-                if self.mode == "gumbel":
-                    # a copy of τ: the autograd graph must not see later in-place updates of the buffer
-                    exec_mask = hard_gumbel_execute(margin, self._tau.clone())  # {0., 1.} with ST gradient
-                    slot.masks[kind + "_argmax"] = argmax_exec
-                    slot.masks[kind + "_margin"] = margin
-                else:
-                    exec_mask = argmax_exec
-                slot.masks[kind] = exec_mask
-                if self.metering:
-                    self.meter.record(slot.layer, kind, exec_mask)
+            margin = slot.router.skip_margin(x)  # [B, T, N_G] fp32: the one decision rule (wide.routing)
+            argmax_exec = margin <= 0  # [B, T, N_G] bool
+            if self.mode == "gumbel":
+                # a copy of τ: the autograd graph must not see later in-place updates of the buffer
+                exec_mask = hard_gumbel_execute(margin, self._tau.clone())  # {0., 1.} with ST gradient
+                slot.masks[kind + "_argmax"] = argmax_exec
+                slot.masks[kind + "_margin"] = margin
+            else:
+                exec_mask = argmax_exec
+            slot.masks[kind] = exec_mask
+            if self.metering:
+                self.meter.record(slot.layer, kind, exec_mask)
 
         return hook
 

@@ -13,10 +13,7 @@ The hidden state h a router reads is the RMSNorm the previous kernel wrote in th
 first layer's by one norm launch per step; the last layer's FFN kernel applies the model's final norm),
 and the decision is ``router_decisions`` on it: the same op, on the same kind of input, as the unfused
 runtime (routers with ``router_input="residual"`` read the residual stream x the kernels also write; with
-``ffn_router_source="layer"`` the FFN router decides at the layer's start, in the attention router's launch;
-with ``router_lookahead`` the same launches decide the next layer's masks from this layer's inputs, the
-first layer deciding its own too — in the stream's order, where a second graph branch could overlap them
-with this layer's kernels: docs/kernels.md, open problems).
+``ffn_router_source="layer"`` the FFN router decides at the layer's start, in the attention router's launch).
 One code path serves ``routed=True`` and the dense baseline (``mask=None``: every group runs). Prefill is
 unchanged (``wide.runtime.model.layer_step``). No host sync: CUDA-graph capturable.
 """
@@ -51,7 +48,6 @@ class FusedLayer(NamedTuple):
     router_attn: tuple | None  # (W_down [r, D], W_margin [Hk, r], b_margin [Hk]); None: dense
     router_ffn: tuple | None
     b_down: torch.Tensor | None = None  # [D] after the down projection (a router's out_bias)
-    router_next: tuple | None = None  # router_lookahead: the next layer's (attention, FFN) routers
 
 
 def _rows_view(first: torch.Tensor, second: torch.Tensor | None, n_rows: int) -> torch.Tensor | None:
@@ -104,7 +100,6 @@ def build_fused_layers(rt) -> list[FusedLayer]:
                 w.w_down.contiguous(),
                 *routers,
                 w.out_bias_ffn,
-                w.head_next,
             )  # fmt: skip
         )
     return layers
@@ -148,17 +143,10 @@ def fused_decode_step(rt, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     h = FD.fused_rms_norm(x, layers[0].ln_attn, layers[0].eps_attn)
     final = rt.hf.model.norm
     masks = []  # per layer (attention [B, Hk], FFN [B, G]) when routed: rt.fused_masks (benchmarks read them)
-    decided = None  # router_lookahead: this layer's masks, taken in the layer before
     early = st.ffn_router_from_layer  # the FFN router reads the layer input
     for i, w in enumerate(layers):
         rin = x if st.router_residual else h  # [B, D]: what the routers read
-        if decided is not None:
-            mask_a, mask_f = decided
-        else:
-            mask_a, mask_f = decide(rin, w.router_attn, w.router_ffn if early else None)
-        nxt_a, nxt_f = None, None
-        if w.router_next is not None:
-            nxt_a, nxt_f = decide(rin, w.router_next[0], w.router_next[1] if early else None)
+        mask_a, mask_f = decide(rin, w.router_attn, w.router_ffn if early else None)
         q = FD.qkv_rope_cache(
             h, w.w_qkv, w.b_qkv, mask_a, cos, sin, p, rt.cache.k[i], rt.cache.v[i], st.n_q,
             w.q_norm, w.k_norm, st.qk_eps,
@@ -167,12 +155,8 @@ def fused_decode_step(rt, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
             q, rt.cache.k[i], rt.cache.v[i], lens, mask_a if mask_a is not None else dense_mask, len_add=1
         )
         x, h = FD.o_proj_residual_norm(o.view(b, -1), w.wo, w.bo, mask_a, x, w.ln_ffn, w.eps_ffn)
-        fin = x if st.router_residual else h  # [B, D]: what a router of the FFN block's input reads
-        if w.router_ffn is not None and mask_f is None:
-            mask_f = router_decisions(fin, *w.router_ffn)
-        if w.router_next is not None and not early:
-            nxt_f = router_decisions(fin, *w.router_next[1])
-        decided = (nxt_a, nxt_f) if w.router_next is not None else None
+        if w.router_ffn is not None and not early:  # the FFN router reads the FFN block's input
+            mask_f = router_decisions(x if st.router_residual else h, *w.router_ffn)
         nxt = layers[i + 1] if i + 1 < len(layers) else None
         norm_w, eps = (nxt.ln_attn, nxt.eps_attn) if nxt is not None else (final.weight, final.variance_epsilon)
         x, h = FD.ffn_residual_norm(h, w.w_gate, w.w_up, w.w_down, mask_f, x, norm_w, float(eps), rt.g_ffn, w.b_down)

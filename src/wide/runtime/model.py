@@ -89,8 +89,6 @@ class LayerWeights(NamedTuple):
     # routed: constant biases added after O / down (the routers' out_bias: static width's compensation)
     out_bias_attn: torch.Tensor | None = None  # [D]
     out_bias_ffn: torch.Tensor | None = None  # [D]
-    # routed, router_lookahead: the next layer's (attention, FFN) heads, which read this layer's router inputs
-    head_next: tuple | None = None
 
 
 # The routed attention kernels' tiles fit shared memory for fp16 / fp32 only up to this head_dim.
@@ -140,24 +138,17 @@ def _attention(
     ck: torch.Tensor,
     cv: torch.Tensor,
     st: StepConfig,
-    decided: Masks | None = None,
-) -> tuple[torch.Tensor, Masks, Masks]:
-    """x: [B, T, D] -> (attention block output [B, T, D], this layer's masks, the next layer's) and writes this
-    layer's K/V into the cache. This layer's masks: ``decided`` (router_lookahead: taken in the layer before),
-    else the attention router's on this layer's input, and the FFN's too when it reads the layer input (None
-    when dense or not decided here). The next layer's: the decisions its routers take on what this layer's
-    attention router read (``w.head_next``: router_lookahead; else None)."""
+) -> tuple[torch.Tensor, Masks]:
+    """x: [B, T, D] -> (attention block output [B, T, D], this layer's masks: the attention router's on this
+    layer's input, and the FFN's too when it reads the layer input; None when dense or not decided here) and
+    writes this layer's K/V into the cache."""
     b, t, _ = x.shape
     h2 = rms_norm(x, w.ln_attn, st.eps).reshape(b * t, -1)  # [M, D]
     kv_width = st.n_kv * st.head_dim
-    mask, ffn_mask = decided if decided is not None else (None, None)
-    nxt = Masks(None, None)
+    ffn_mask = None
     if st.routed:
         rin = x if st.router_residual else h2.view(b, t, -1)  # [B, T, D]: what the routers read
-        if decided is None:
-            mask, ffn_mask = decide(rin, w.head_attn, w.head_ffn if st.ffn_router_from_layer else None)
-        if w.head_next is not None:
-            nxt = Masks(*decide(rin, w.head_next[0], w.head_next[1] if st.ffn_router_from_layer else None))
+        mask, ffn_mask = decide(rin, w.head_attn, w.head_ffn if st.ffn_router_from_layer else None)
         k, v = F.linear(h2, w.w_kv, w.b_kv).split([kv_width, kv_width], dim=-1)  # [M, Hk*d] each
         plan = K.plan(b * t, st.g_attn, mask.shape[-1], st.attn_sparsity_hint, force_k=st.force_k)
         route = K.plan_route(mask, plan)
@@ -195,7 +186,7 @@ def _attention(
         y = y + w.bo
     if w.out_bias_attn is not None:
         y = y + w.out_bias_attn
-    return y.view(b, t, -1), Masks(mask, ffn_mask), nxt
+    return y.view(b, t, -1), Masks(mask, ffn_mask)
 
 
 def decide(
@@ -213,20 +204,14 @@ def decide(
 
 def _ffn(
     x: torch.Tensor, w: LayerWeights, st: StepConfig, mask: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """x: [B, T, D] -> (FFN block output [B, T, D], execute mask [B, T, N_G] or None when dense, the next
-    layer's FFN mask when its router reads this FFN's input (router_lookahead with the block source), else
-    None); ``mask``: the decisions already taken (from the layer input, or in the layer before), else the
-    router reads x's."""
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """x: [B, T, D] -> (FFN block output [B, T, D], execute mask [B, T, N_G] or None when dense); ``mask``:
+    the decisions already taken from the layer input (ffn_router_from_layer), else the router reads x's."""
     b, t, _ = x.shape
     h2 = rms_norm(x, w.ln_ffn, st.eps).reshape(b * t, -1)
-    nxt = None
     if st.routed:
-        rin = x if st.router_residual else h2.view(b, t, -1)  # [B, T, D]
         if mask is None:
-            mask = K.router_decisions(rin, *w.head_ffn)  # [B, T, N_G]
-        if w.head_next is not None and not st.ffn_router_from_layer:
-            nxt = K.router_decisions(rin, *w.head_next[1])
+            mask = K.router_decisions(x if st.router_residual else h2.view(b, t, -1), *w.head_ffn)  # [B, T, N_G]
         plan = K.plan(b * t, st.g_ffn, mask.shape[-1], st.ffn_sparsity_hint, force_k=st.force_k)
         route = K.plan_route(mask, plan)
         a = K.routed_swiglu(h2, w.w_gate, w.w_up, route, st.g_ffn)  # zeros if inactive
@@ -236,7 +221,7 @@ def _ffn(
     else:
         gate, up = F.linear(h2, w.w_gate_up).chunk(2, dim=-1)  # [M, D'] each, one GEMM
         y = F.linear(F.silu(gate) * up, w.w_down)
-    return y.view(b, t, -1), mask, nxt
+    return y.view(b, t, -1), mask
 
 
 def layer_step(
@@ -249,19 +234,14 @@ def layer_step(
     ck: torch.Tensor,
     cv: torch.Tensor,
     st: StepConfig,
-    decided: Masks | None = None,
-) -> tuple[torch.Tensor, Masks, Masks | None]:
+) -> tuple[torch.Tensor, Masks]:
     """One decoder layer: x [B, T, D] at positions pos [B, T] (cos/sin [B, T, d]; lens [B]: cached
-    tokens before this step) -> (x [B, T, D], this layer's execute masks (None when dense), the next layer's
-    masks when its routers read this layer's inputs (router_lookahead; else None)). ``decided``: this layer's
-    masks, taken in the layer before. Tensors only (plus the static ``st``), so that one compiled step serves
-    every layer."""
-    a, masks, nxt = _attention(x, cos, sin, pos, lens, w, ck, cv, st, decided)
+    tokens before this step) -> (x [B, T, D], this layer's execute masks, None when dense). Tensors only
+    (plus the static ``st``), so that one compiled step serves every layer."""
+    a, masks = _attention(x, cos, sin, pos, lens, w, ck, cv, st)
     x = x + a
-    f, ffn_mask, nxt_ffn = _ffn(x, w, st, masks.ffn)
-    if w.head_next is None:
-        return x + f, Masks(masks.attn, ffn_mask), None
-    return x + f, Masks(masks.attn, ffn_mask), Masks(nxt.attn, nxt.ffn if nxt_ffn is None else nxt_ffn)
+    f, ffn_mask = _ffn(x, w, st, masks.ffn)
+    return x + f, Masks(masks.attn, ffn_mask)
 
 
 def _rows(t: torch.Tensor | None, lo: int, hi: int | None) -> torch.Tensor | None:
@@ -412,20 +392,16 @@ class WideRuntime:
             ffn = (None, mlp.gate_proj.weight, mlp.up_proj.weight)  # routed SwiGLU reads both anyway
             heads = self.heads[i]
             out_bias = tuple(self._out_bias(getattr(self.wm.routers[i], k), at.o_proj.weight) for k in ("attn", "ffn"))
-            # router_lookahead: the next layer's routers read this layer's router inputs (WideModel's hooks)
-            ahead = self.wm.config.router_lookahead and i + 1 < len(self.layers)
-            head_next = self.heads[i + 1] if ahead else None
         else:
             w_in, b_in = fuse_linears([at.q_proj, at.k_proj, at.v_proj])
             attn = (w_in, b_in, None, None, None, None)
             ffn = (fuse_linears([mlp.gate_proj, mlp.up_proj])[0], None, None)
             heads = (None, None)
             out_bias = (None, None)
-            head_next = None
         return LayerWeights(
             layer.input_layernorm.weight, *attn, at.o_proj.weight, at.o_proj.bias,
             None if qn is None else qn.weight, None if kn is None else kn.weight,
-            layer.post_attention_layernorm.weight, *ffn, mlp.down_proj.weight, *heads, *out_bias, head_next,
+            layer.post_attention_layernorm.weight, *ffn, mlp.down_proj.weight, *heads, *out_bias,
         )  # fmt: skip
 
     @staticmethod
@@ -485,9 +461,8 @@ class WideRuntime:
         cos, sin = self.hf.model.rotary_emb(x, pos)  # [B, T, d], once for every layer
         lens = self.cache.lens[: ids.shape[0]]
         meter = self.wm.meter if (self.wm.metering and self.routed) else None
-        decided = None  # router_lookahead: this layer's masks, taken in the layer before
         for i, (w, st) in enumerate(zip(self.weights, self.step_configs[decode], strict=True)):
-            x, masks, decided = self.step(x, cos, sin, pos, lens, w, self.cache.k[i], self.cache.v[i], st, decided)
+            x, masks = self.step(x, cos, sin, pos, lens, w, self.cache.k[i], self.cache.v[i], st)
             if meter is not None:
                 meter.record(i, "attn", masks.attn)
                 meter.record(i, "ffn", masks.ffn)
