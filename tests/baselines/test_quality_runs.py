@@ -5,6 +5,7 @@ scripts/quality_table.py and scripts/device/pack_work.py (what a device call car
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import sys
 import tarfile
@@ -439,6 +440,16 @@ def test_pack_work_whole_rows_furthest_first(tmp_path):
         dest = tmp_path / f"sweep{i}"
         pw.pack(work, dest, parts=3, part_bytes=part_bytes)
         assert len(list(dest.glob("work.tar.*"))) <= 3
+
+    # only the rows named, in that order (a later fetch of what did not fit); a name without files: an error
+    assert pw.pack(work, tmp_path / "some", parts=4, part_bytes=26 * kib, only=["done-row", "short"]) == (
+        ["done-row", "short"],
+        [],
+    )
+    with tarfile.open(fileobj=io.BytesIO(b"".join(p.read_bytes() for p in sorted((tmp_path / "some").iterdir())))) as t:
+        assert {n.split("/")[0] for n in t.getnames()} == {"done-row", "short"}
+    with pytest.raises(SystemExit, match="nope"):
+        pw.pack(work, tmp_path / "x", parts=4, only=["nope"])
 
     # everything fits: every row; nothing at all fits: an empty (still valid) tar
     assert pw.pack(work, tmp_path / "all", parts=8)[1] == []
