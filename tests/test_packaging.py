@@ -32,7 +32,7 @@ from pathlib import Path
 import wide
 from safetensors.torch import load_file
 from wide.eval.tasks import wikitext_test_pages
-from wide.model.checkpoint import read_checkpoint_meta
+from wide.model.checkpoint import has_adapter, read_checkpoint_meta
 from wide.paths import find_data_dir, shipped_routers
 
 site = Path(sys.argv[1]).resolve()
@@ -43,7 +43,8 @@ for ckpt in shipped_routers():
     assert ckpt.resolve().is_relative_to(site), ckpt
     meta = read_checkpoint_meta(ckpt)
     n = len(load_file(ckpt / "routers.safetensors"))
-    out["routers"][ckpt.name] = {"sparsity": meta["config"]["sparsity"], "tensors": n}
+    lora = len(load_file(ckpt / "adapter_model.safetensors")) if has_adapter(ckpt) else 0
+    out["routers"][ckpt.name] = {"sparsity": meta["config"]["sparsity"], "tensors": n, "lora": lora}
 pages, source = wikitext_test_pages(allow_slice=True)
 out["pages"], out["source"], out["first"] = len(pages), source, pages[1].strip().splitlines()[0].strip()
 print(json.dumps(out))
@@ -68,6 +69,8 @@ def test_wheel_ships_routers_and_demo_data(tmp_path):
     names = set(zipfile.ZipFile(whl).namelist())
     for n in SHIPPED_ROUTERS:
         assert {f"wide/checkpoints/{n}/wide_config.json", f"wide/checkpoints/{n}/routers.safetensors"} <= names
+    lora = "wide/checkpoints/smollm2-135m-s25-lora"
+    assert {f"{lora}/adapter_config.json", f"{lora}/adapter_model.safetensors"} <= names
     assert {"wide/data/wikitext/wiki.test.demo.raw.gz", "wide/data/README.md"} <= names
     site = tmp_path / "site"
     zipfile.ZipFile(whl).extractall(site)
@@ -80,13 +83,15 @@ def test_wheel_ships_routers_and_demo_data(tmp_path):
     got = json.loads(run.stdout.strip().splitlines()[-1])
     assert got["routers"]["smollm2-135m-s25"]["sparsity"] == 0.25
     assert got["routers"]["smollm2-135m-s50"]["sparsity"] == 0.5
+    assert got["routers"]["smollm2-135m-s25-lora"]["sparsity"] == 0.25
+    assert got["routers"]["smollm2-135m-s25-lora"]["lora"] > 0 == got["routers"]["smollm2-135m-s25"]["lora"]
     assert all(r["tensors"] > 0 for r in got["routers"].values())
     assert (got["pages"], got["source"], got["first"]) == (3, "packaged slice", "= Du Fu =")
 
 
 def test_shipped_routers_resolve_by_name_and_path(tmp_path):
     assert [p.name for p in shipped_routers()] == list(SHIPPED_ROUTERS)
-    assert resolve_routers("smollm2-135m-s50") == shipped_routers()[1]
+    assert resolve_routers("smollm2-135m-s50") == shipped_routers()[SHIPPED_ROUTERS.index("smollm2-135m-s50")]
     assert resolve_routers(tmp_path) == tmp_path  # an existing folder wins over names
     with pytest.raises(FileNotFoundError, match="neither a folder nor a shipped checkpoint"):
         resolve_routers("smollm2-135m-s99")

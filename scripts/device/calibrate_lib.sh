@@ -73,11 +73,11 @@ restore() { # fresh machine: take the carried run sNN if it is further along tha
   [ -z "$x" ] || rm -rf "$x"
 }
 
-inputs_ready() { # the GGUF, the gguf package and the data are there (a fresh machine needs two calls first)
+inputs_ready() { # the GGUF, the gguf package and the data are there (a fresh machine needs a call per GGUF part first)
   python3 -c "import gguf; from wide.model.loading import smollm2_gguf_path as p; from wide.paths import data_dir
 p(); data_dir()" && return 0
-  echo "not ready (above): on a fresh machine first a call carrying .device-carry/smol.part.aa, then one" \
-    "carrying .device-carry/smol.part.ab, whl and data.tar.xz" >&2
+  echo "not ready (above): on a fresh machine first one call per .device-carry/smol.part.* (gguf_parts.sh)," \
+    "then whl and data.tar.xz" >&2
   return 1
 }
 

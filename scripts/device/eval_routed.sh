@@ -3,9 +3,9 @@
 # tasks and WikiText-2, full sets, lm-eval protocol (bf16, batch 64, max length 4096). The dense row is
 # bench/results/smollm2/dense.json (same protocol); DENSE=1 re-runs it here. Results are rewritten
 # after every row, so a run cut short keeps the rows it finished.
-# Usage (repo root), three calls in a row on one warm machine (each carry stays under 64 MiB with the
-# tree): carry .device-carry/smol.part.aa and run `source scripts/device/setup.sh`; carry smol.part.ab +
-# data.tar.xz and run it again; carry evalwhl and run: bash scripts/device/eval_routed.sh OUT
+# Usage (repo root), calls in a row on one warm machine (each carry stays under 64 MiB with the tree): one
+# per GGUF part (.device-carry/smol.part.*, gguf_parts.sh) running `source scripts/device/setup.sh`; then
+# carry data.tar.xz + evalwhl and run: bash scripts/device/eval_routed.sh OUT
 set -u
 source scripts/device/setup.sh
 OUT=${1:-/tmp/out}; mkdir -p "$OUT"
@@ -13,7 +13,7 @@ start=$(date +%s)
 # ROUTERS="DIR DIR": other checkpoints than the shipped two (e.g. LoRA rows fetched from a quality run)
 # shellcheck disable=SC2086  # ROUTERS: one or more names or directories
 python3 -m wide.cli eval --model smollm2-135m \
-  --routers ${ROUTERS:-smollm2-135m-s25 smollm2-135m-s50} --tasks all \
+  --routers ${ROUTERS:-smollm2-135m-s25 smollm2-135m-s25-lora smollm2-135m-s50} --tasks all \
   --dtype bf16 --batch-size 64 --max-length 4096 --no-lm-eval-check $([ "${DENSE:-0}" = 1 ] || echo --no-dense) \
   --out "$OUT/routed" 2>&1 | tr '\r' '\n' | grep -v "it/s\]$" | tail -20
 echo "wall $(( $(date +%s) - start )) s" | tee "$OUT/routed_wall.txt"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the git-ignored inputs that GPU-machine calls carry besides the SmolLM2 GGUF halves (those come from
-# ../shared/tools/device-model-parts): run on this machine (network), from the repo root.
+# Builds the git-ignored inputs that GPU-machine calls carry: run on this machine (network), from the repo root.
+#   .device-carry/smol.part.*  the SmolLM2 GGUF in parts that each fit a call beside the tree (gguf_parts.sh)
 #   .device-carry/evalwhl/  lm-eval 0.4.13 and the pure-python packages the GPU image lacks (it has torch,
 #                           transformers, peft, pyarrow, pandas, scikit-learn, sacrebleu, ...: KINDS.md's list),
 #                           for CPython 3.12, installed there with --no-deps by setup.sh; gguf included
@@ -8,6 +8,7 @@
 # Pins: datasets 4.8.x accepts the image's huggingface-hub 1.x; dill / multiprocess / typepy / chardet at the
 # versions datasets and pytablewriter accept.
 set -euo pipefail
+bash scripts/device/gguf_parts.sh
 E=.device-carry/evalwhl
 rm -rf "$E" && mkdir -p "$E"
 P=(--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux2014_x86_64

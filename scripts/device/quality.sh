@@ -59,8 +59,8 @@ C=.device-carry/quality-work
 mkdir -p "$WORK" "$OUT/quality-work"
 python3 -c "import gguf; from wide.model.loading import smollm2_gguf_path as p; from wide.paths import data_dir
 p(); r = data_dir() / 'redpajama' / 'sample_redpajama'; assert r.is_dir(), f'{r} missing (calibration text)'" || {
-  echo "not ready (above): on a fresh machine first a call carrying .device-carry/smol.part.aa, then one" \
-    "carrying .device-carry/smol.part.ab, then this one carrying evalwhl and data.tar.xz (README.md)" >&2
+  echo "not ready (above): on a fresh machine first one call per .device-carry/smol.part.* (gguf_parts.sh)," \
+    "then data.tar.xz and evalwhl (README.md)" >&2
   exit 4
 }
 

@@ -22,7 +22,7 @@ case "${1:-}" in
   start)
     if running; then echo "already running (pid $(cat "$BG/pid"))"; exit 0; fi
     rm -rf "$BG/repo" "$BG/out" && mkdir -p "$BG/repo" "$BG/out"
-    # the call's own tree is replaced by the next call's: the run reads a copy (without the GGUF halves)
+    # the call's own tree is replaced by the next call's: the run reads a copy (without the GGUF parts)
     tar --exclude=./.git --exclude='./.device-carry/smol.part.*' -cf - . | tar -xf - -C "$BG/repo"
     rm -f "$BG/pid"
     # the run writes its own pid: setsid forks when its caller leads a process group, so `$!` would

@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# Sourced at the start of every GPU-machine call: assembles the SmolLM2 GGUF (carried in two parts,
-# see shared/tools/smollm2-to-device.md), installs carried wheels, unpacks the offline data.
+# Sourced at the start of every GPU-machine call: assembles the SmolLM2 GGUF (carried in parts, one per
+# call: .device-carry/smol.part.aa, .ab, ... from gguf_parts.sh), installs carried wheels, unpacks the
+# offline data.
 # Leaves WIDE_SMOLLM2_GGUF, WIDE_DATA and PYTHONPATH exported.
 C=$HOME/.cache/wide
 mkdir -p "$C"
-[ -f .device-carry/smol.part.aa ] && cp .device-carry/smol.part.aa "$C/"
 G=$C/SmolLM2-135M-Instruct.Q4_1.gguf
-if [ ! -f "$G" ] && [ -f .device-carry/smol.part.ab ] && [ -f "$C/smol.part.aa" ]; then
-  cat "$C/smol.part.aa" .device-carry/smol.part.ab > "$G"
-  echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  $G" | sha256sum -c || rm -f "$G"
+if [ ! -f "$G" ]; then
+  # keep this call's part; the GGUF exists once the parts kept so far hash to it (any number of parts)
+  for p in .device-carry/smol.part.*; do [ -f "$p" ] && cp "$p" "$C/"; done
+  cat "$C"/smol.part.* >"$G.tmp" 2>/dev/null
+  if echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  $G.tmp" | sha256sum -c --status; then
+    mv "$G.tmp" "$G" && echo "assembled $G"
+  else
+    rm -f "$G.tmp"; echo "GGUF parts so far: $(cd "$C" && ls smol.part.* 2>/dev/null | tr '\n' ' ')"
+  fi
 fi
 # evalwhl (lm-eval and the pure-python packages the GPU image lacks) already holds gguf; else whl.
 W=.device-carry/evalwhl; [ -d "$W" ] || W=.device-carry/whl

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from wide.paths import SHIPPED_ROUTERS
+
 
 def _device(name: str | None) -> torch.device:
     if name:
@@ -433,7 +435,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def _routers(text: str) -> str:
-    """argparse type: a router checkpoint folder, or a shipped checkpoint's name (smollm2-135m-s25 / -s50)."""
+    """argparse type: a router checkpoint folder, or a shipped checkpoint's name (wide.paths.SHIPPED_ROUTERS)."""
     from wide.paths import resolve_routers
 
     try:
@@ -442,7 +444,7 @@ def _routers(text: str) -> str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-ROUTERS_HELP = "router checkpoint folder, or a shipped one by name: smollm2-135m-s25, smollm2-135m-s50"
+ROUTERS_HELP = f"router checkpoint folder, or a shipped one by name: {', '.join(SHIPPED_ROUTERS)}"
 DATA_HELP = (
     "text to train on: a .txt/.jsonl/.json/.parquet file, a folder of them, or a Hugging Face dataset "
     "name[:config[:split]] (online; cached by datasets); commas join several (default: the RedPajama sample "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import tempfile
 import time
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import torch
 
 from wide.model import SMOLLM2, WideModel, load_model, load_routers
+from wide.model.checkpoint import has_adapter
 from wide.paths import resolve_routers, shipped_routers
 
 __all__ = ["run_demo", "shipped_routers"]
@@ -70,7 +72,7 @@ def run_demo(
     """Print dense vs WIDE perplexity on a WikiText-2 slice, the real sparsity and FLOP saving, and a
     greedy continuation from each model. Returns the numbers.
 
-    routers: a checkpoint folder or a shipped name (default: both shipped SmolLM2-135M checkpoints).
+    routers: a checkpoint folder or a shipped name (default: every shipped SmolLM2-135M checkpoint).
     data_dir: the data root (default: $WIDE_DATA / shared/data, else the WikiText-2 slice packaged with
     `wide`). data: the text `calibrate` trains on (default: the RedPajama sample under the data root)."""
     from wide.eval.perplexity import wikitext_perplexity
@@ -87,9 +89,9 @@ def run_demo(
         f"full set on the H200)"
     )
 
-    def ppl(label: str, meter=None) -> dict:
+    def ppl(m, label: str, meter=None) -> dict:
         return wikitext_perplexity(
-            model,
+            m,
             tok,
             data_dir=data_dir,
             max_tokens=max_tokens,
@@ -100,30 +102,33 @@ def run_demo(
             desc=f"{label} wikitext",
         )
 
-    results = {"dense": {"ppl": ppl("dense"), "text": _continue(model, tok, prompt)}}
+    results = {"dense": {"ppl": ppl(model, "dense"), "text": _continue(model, tok, prompt)}}
     print(f"WikiText-2 pages from: {results['dense']['ppl']['source']}")
     for ckpt in ckpts:
-        wm = load_routers(model, ckpt)
+        # a stage-2 checkpoint merges its LoRA adapter into the weights it loads onto: a copy, as the base
+        # model serves the other checkpoints
+        m = copy.deepcopy(model) if has_adapter(ckpt) else model
+        wm = load_routers(m, ckpt)
         wm.start_meter()
-        r = ppl(ckpt.name.removeprefix("smollm2-135m-"), wm.meter)
+        r = ppl(m, ckpt.name.removeprefix("smollm2-135m-"), wm.meter)
         results[ckpt.name] = {
             "ppl": r,
             "sparsity": wm.stop_meter(),
-            "text": _continue(model, tok, prompt),
+            "text": _continue(m, tok, prompt),
             "target": wm.config.sparsity,
         }
         wm.detach()
     print()
-    print(f"  {'dense':<26} {_fmt_ppl(results['dense']['ppl'])}")
+    print(f"  {'dense':<30} {_fmt_ppl(results['dense']['ppl'])}")
     for name, r in list(results.items())[1:]:
         sp = r["sparsity"]
         print(
-            f"  {name + ' (S=' + format(r['target'], '.0%') + ')':<26} {_fmt_ppl(r['ppl'])} | real sparsity "
+            f"  {name + ' (S=' + format(r['target'], '.0%') + ')':<30} {_fmt_ppl(r['ppl'])} | real sparsity "
             f"attn {sp['attn_sparsity']:.1%} / FFN {sp['ffn_sparsity']:.1%} | FLOPs removed {sp['flop_saving']:.1%}"
         )
     print("  (FLOPs removed counts the dense K/V projections, attention scores, lm_head and the routers)")
     print(f"\n  prompt: {prompt!r}")
     for name, r in results.items():
-        print(f"  {name:<18}: {r['text']!r}")
+        print(f"  {name:<22}: {r['text']!r}")
     print(f"\n({time.time() - t0:.0f}s)")
     return results

@@ -15,8 +15,9 @@ DATA_ENV = "WIDE_DATA"
 CACHE_ENV = "WIDE_CACHE"
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-# Router checkpoints shipped as package data (made on the H200; see docs/results.md).
-SHIPPED_ROUTERS = ("smollm2-135m-s25", "smollm2-135m-s50")
+# Router checkpoints shipped as package data (made on the H200; see docs/results.md). "-lora": a stage-2
+# checkpoint, whose LoRA adapter every loader merges into the base weights (docs/design.md, Parts: calibration).
+SHIPPED_ROUTERS = ("smollm2-135m-s25", "smollm2-135m-s25-lora", "smollm2-135m-s50")
 # The first pages of WikiText-2's test split, as raw text (gzip): the pages `wide demo` scores plus the
 # one that ends its token budget. Attribution and provenance: src/wide/data/README.md.
 WIKITEXT_SLICE = "data/wikitext/wiki.test.demo.raw.gz"
@@ -102,7 +103,8 @@ def shipped_routers_dir() -> Path:
 
 
 def shipped_routers() -> list[Path]:
-    """The 25% and 50% SmolLM2-135M router checkpoints shipped with the package, in SHIPPED_ROUTERS order."""
+    """The SmolLM2-135M router checkpoints shipped with the package (25%, 25% + LoRA, 50%), in
+    SHIPPED_ROUTERS order."""
     root = shipped_routers_dir()
     found = [root / n for n in SHIPPED_ROUTERS if (root / n / "wide_config.json").is_file()]
     if not found:

@@ -10,6 +10,7 @@ from wide.config import WideConfig
 from wide.kernels import router_decisions
 from wide.model import WideModel, load_routers, save_routers
 from wide.model.checkpoint import FittedRates
+from wide.paths import SHIPPED_ROUTERS
 from wide.runtime import GraphedPrefill, WideRuntime, generate
 from wide.runtime.model import fuse_linears
 
@@ -430,7 +431,7 @@ def test_graphed_prefill_equals_eager_on_gpu(routed, compile):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["smollm2-135m-s25", "smollm2-135m-s50"])
+@pytest.mark.parametrize("name", SHIPPED_ROUTERS)
 def test_shipped_routers_serve_what_was_evaluated(name, monkeypatch):
     """The shipped routers on SmolLM2-135M in bf16 (CPU torch path): the runtime scores two WikiText-2
     windows with the masked path's decisions (0 of ~100k differing) and its logits, bit for bit."""
