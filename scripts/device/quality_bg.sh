@@ -10,11 +10,13 @@
 #                    quality.json, quality-driver.log, quality-gpu.csv, gpu-tests-h200.log (with TEST_S),
 #                    quality-tails.txt (now, from the rows' logs), and quality-work/ once the run has ended
 #                    (its packed parts).
-#   fetch NAME[,NAME]  once the run has ended: those rows' files (routers, configs, a LoRA adapter) packed alone
-#                    into $OUT/quality-work/work.tar.NN (PACK_PARTS, 4), for what did not fit the run's own parts.
+#   fetch NAME[,NAME] [WAIT_S]  waits up to WAIT_S s (0) for the run to end, then packs those rows' files
+#                    (routers, configs, a LoRA adapter) alone into $OUT/quality-work/work.tar.NN (PACK_PARTS, 4),
+#                    for what did not fit the run's own parts. Issue it in the same message as `start` and the
+#                    `collect` calls: a machine idle for ~30 s between messages is given back, rows and all.
 # Inputs that arrive in a later call (e.g. evalwhl, needed only when a row reaches its evaluation) are
 # installed by that call's `source scripts/device/setup.sh` before `collect`; the run picks them up.
-# Usage (repo root, on the GPU machine): bash scripts/device/quality_bg.sh start|collect [WAIT_S]|fetch NAMES
+# Usage (repo root, on the GPU machine): bash scripts/device/quality_bg.sh start|collect [WAIT_S]|fetch NAMES [WAIT_S]
 set -u
 BG=${BG:-$HOME/quality-bg}
 running() { [ -f "$BG/pid" ] && kill -0 "$(cat "$BG/pid")" 2>/dev/null; }
@@ -49,13 +51,15 @@ case "${1:-}" in
     fi
     ;;
   fetch)
-    : "${OUT:?set OUT to the output folder of this call}" "${2:?name the rows: fetch NAME[,NAME]}"
-    if running; then echo "still running (pid $(cat "$BG/pid")): collect first" >&2; exit 1; fi
+    : "${OUT:?set OUT to the output folder of this call}" "${2:?name the rows: fetch NAME[,NAME] [WAIT_S]}"
+    end=$(($(date +%s) + ${3:-0}))
+    while running && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
+    if running; then echo "still running (pid $(cat "$BG/pid")): fetch again later" >&2; exit 1; fi
     python3 scripts/device/pack_work.py "${WORK:-$HOME/quality}" "$OUT/quality-work" "${PACK_PARTS:-4}" --rows "$2"
     ls -la "$OUT/quality-work"
     ;;
   *)
-    echo "usage: bash scripts/device/quality_bg.sh start|collect [WAIT_S]|fetch NAME[,NAME]" >&2
+    echo "usage: bash scripts/device/quality_bg.sh start|collect [WAIT_S]|fetch NAME[,NAME] [WAIT_S]" >&2
     exit 2
     ;;
 esac
