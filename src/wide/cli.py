@@ -542,7 +542,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["none", "kl", "kl+lm"],
         default="none",
         help="calibration objective: LM loss, KL to the dense model's next-token distribution, or both "
-        "(kl+lm: lower perplexity at 50%, docs/baselines.md)",
+        "(kl+lm: lower perplexity at 50%%, docs/baselines.md)",
     )
     c.add_argument("--calib-batches", type=int, default=8, help="static-width / teal: calibration batches")
     c.add_argument(
@@ -589,7 +589,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--distill",
         choices=["none", "kl", "kl+lm"],
         help="stage-2 objective: LM loss, KL to the dense model (the base, adapter and routing off), or both "
-        "(default: the stage-1 routers' own; kl+lm: lower perplexity at 50%, docs/baselines.md)",
+        "(default: the stage-1 routers' own; kl+lm: lower perplexity at 50%%, docs/baselines.md)",
     )
     _add_training_args(f, lr=2e-4)
     f.add_argument("--dtype", default="auto", help=DTYPE_HELP)
