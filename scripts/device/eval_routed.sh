@@ -10,7 +10,7 @@ set -u
 source scripts/device/setup.sh
 OUT=${1:-/tmp/out}; mkdir -p "$OUT"
 start=$(date +%s)
-# ROUTERS="DIR DIR": other checkpoints than the shipped two (e.g. LoRA rows fetched from a quality run)
+# ROUTERS="DIR DIR": other checkpoints than the shipped three (e.g. LoRA rows fetched from a quality run)
 # shellcheck disable=SC2086  # ROUTERS: one or more names or directories
 python3 -m wide.cli eval --model smollm2-135m \
   --routers ${ROUTERS:-smollm2-135m-s25 smollm2-135m-s25-lora smollm2-135m-s50} --tasks all \

@@ -6,7 +6,6 @@
 # Run here (not on the GPU machine), from the repo root; again whenever the tree grows.
 set -euo pipefail
 D=.device-carry
-D=.device-carry
 if ! ls $D/smol.part.* >/dev/null 2>&1; then bash "${WIDE_SHARED:-../shared}/tools/device-model-parts" >/dev/null; fi
 cat $D/smol.part.* >$D/smol.gguf
 echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  $D/smol.gguf" | sha256sum -c --quiet
