@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 def test_demo_runs_with_shipped_routers(capsys):
     assert [p.name for p in shipped_routers()] == list(SHIPPED_ROUTERS)
-    assert [has_adapter(p) for p in shipped_routers()] == [False, True, False]
+    assert [has_adapter(p) for p in shipped_routers()] == [False, True, False, True]
     res = run_demo(max_tokens=512, prompt="Hello")
     out = capsys.readouterr().out
     assert "real sparsity" in out and "dense" in out
@@ -27,3 +27,4 @@ def test_demo_runs_with_shipped_routers(capsys):
     alone = run_demo(routers="smollm2-135m-s50", max_tokens=512, prompt="Hello")
     assert alone["smollm2-135m-s50"]["ppl"] == res["smollm2-135m-s50"]["ppl"]
     assert res["smollm2-135m-s25-lora"]["ppl"] != res["smollm2-135m-s25"]["ppl"]
+    assert res["smollm2-135m-s50-lora"]["ppl"] != res["smollm2-135m-s50"]["ppl"]

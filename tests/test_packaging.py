@@ -69,8 +69,8 @@ def test_wheel_ships_routers_and_demo_data(tmp_path):
     names = set(zipfile.ZipFile(whl).namelist())
     for n in SHIPPED_ROUTERS:
         assert {f"wide/checkpoints/{n}/wide_config.json", f"wide/checkpoints/{n}/routers.safetensors"} <= names
-    lora = "wide/checkpoints/smollm2-135m-s25-lora"
-    assert {f"{lora}/adapter_config.json", f"{lora}/adapter_model.safetensors"} <= names
+    for lora in ("wide/checkpoints/smollm2-135m-s25-lora", "wide/checkpoints/smollm2-135m-s50-lora"):
+        assert {f"{lora}/adapter_config.json", f"{lora}/adapter_model.safetensors"} <= names
     assert {"wide/data/wikitext/wiki.test.demo.raw.gz", "wide/data/README.md"} <= names
     site = tmp_path / "site"
     zipfile.ZipFile(whl).extractall(site)
@@ -85,6 +85,8 @@ def test_wheel_ships_routers_and_demo_data(tmp_path):
     assert got["routers"]["smollm2-135m-s50"]["sparsity"] == 0.5
     assert got["routers"]["smollm2-135m-s25-lora"]["sparsity"] == 0.25
     assert got["routers"]["smollm2-135m-s25-lora"]["lora"] > 0 == got["routers"]["smollm2-135m-s25"]["lora"]
+    assert got["routers"]["smollm2-135m-s50-lora"]["sparsity"] == 0.5
+    assert got["routers"]["smollm2-135m-s50-lora"]["lora"] > 0 == got["routers"]["smollm2-135m-s50"]["lora"]
     assert all(r["tensors"] > 0 for r in got["routers"].values())
     assert (got["pages"], got["source"], got["first"]) == (3, "packaged slice", "= Du Fu =")
 

@@ -10,10 +10,10 @@ set -u
 source scripts/device/setup.sh
 OUT=${1:-/tmp/out}; mkdir -p "$OUT"
 start=$(date +%s)
-# ROUTERS="DIR DIR": other checkpoints than the shipped three (e.g. LoRA rows fetched from a quality run)
+# ROUTERS="DIR DIR": other checkpoints than the shipped four (e.g. LoRA rows fetched from a quality run)
 # shellcheck disable=SC2086  # ROUTERS: one or more names or directories
 python3 -m wide.cli eval --model smollm2-135m \
-  --routers ${ROUTERS:-smollm2-135m-s25 smollm2-135m-s25-lora smollm2-135m-s50} --tasks all \
+  --routers ${ROUTERS:-smollm2-135m-s25 smollm2-135m-s25-lora smollm2-135m-s50 smollm2-135m-s50-lora} --tasks all \
   --dtype bf16 --batch-size 64 --max-length 4096 --no-lm-eval-check $([ "${DENSE:-0}" = 1 ] || echo --no-dense) \
   --out "$OUT/routed" 2>&1 | tr '\r' '\n' | grep -v "it/s\]$" | tail -20
 echo "wall $(( $(date +%s) - start )) s" | tee "$OUT/routed_wall.txt"
