@@ -2,27 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import torch
 
-from tests.conftest import tiny_model
+from tests.conftest import load_script, tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-og = _script("oracle_granularity")
+og = load_script("oracle_granularity")
 
 
 def _mlp():

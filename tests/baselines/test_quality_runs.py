@@ -4,31 +4,23 @@ scripts/quality_table.py and scripts/device/pack_work.py (what a device call car
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
-import sys
 import tarfile
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name.split("/")[-1], ROOT / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name.split("/")[-1]] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
-
-
-qr = _script("quality_runs")
-ps = _script("plot_sweep")
-qt = _script("quality_table")
-pw = _script("device/pack_work")
+qr = load_script("quality_runs")
+ps = load_script("plot_sweep")
+qt = load_script("quality_table")
+pw = load_script("device/pack_work")
 
 
 def test_run_names_and_grid():

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
+
+from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORD = ROOT / "bench" / "results" / "decode-h200.json"
 
 
 def _plot_decode():
-    spec = importlib.util.spec_from_file_location("plot_decode", ROOT / "scripts" / "plot_decode.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("plot_decode")
 
 
 def test_series_pair_each_wide_line_with_its_dense_run(tmp_path):

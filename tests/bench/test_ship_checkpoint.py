@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("ship_checkpoint", ROOT / "scripts" / "ship_checkpoint.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.conftest import load_script
 
 
 def test_ship_lora_stage(tmp_path):
@@ -30,7 +21,7 @@ def test_ship_lora_stage(tmp_path):
     (stage / "wide_config.json").write_text('{"format": "wide-routers"}')
     (stage / "adapter_config.json").write_text(json.dumps({"r": 4, "base_model_name_or_path": "/root/.cache/x"}))
     dest = tmp_path / "ship"
-    written = _script().ship(stage, dest, "smollm2-135m")
+    written = load_script("ship_checkpoint").ship(stage, dest, "smollm2-135m")
     assert {f.name for f in written} == {
         "routers.safetensors",
         "wide_config.json",
@@ -47,4 +38,4 @@ def test_ship_lora_stage(tmp_path):
 def test_ship_refuses_unfinished_stage(tmp_path):
     (tmp_path / "routers.safetensors").write_bytes(b"")
     with pytest.raises(SystemExit, match="missing wide_config.json"):
-        _script().ship(tmp_path, tmp_path / "out", "smollm2-135m")
+        load_script("ship_checkpoint").ship(tmp_path, tmp_path / "out", "smollm2-135m")

@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train_h200.py"
+from tests.conftest import load_script
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("train_h200", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("train_h200")
 
 
 def test_search_stops_a_sequence_length_at_its_first_oom_and_respects_the_budget(script):
