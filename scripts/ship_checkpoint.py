@@ -17,29 +17,29 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-COPIED = ("routers.safetensors", "wide_config.json", "train_log.jsonl")
+from wide.model.checkpoint import ADAPTER_FILES, CONFIG_NAME, WEIGHTS_NAME, has_adapter
+from wide.train.calibrate import LOG_NAME
 
 
 def ship(stage: Path, dest: Path, base_model: str) -> list[Path]:
     """Write `dest` from `stage`; returns the files written."""
-    missing = [n for n in ("routers.safetensors", "wide_config.json") if not (stage / n).is_file()]
+    missing = [n for n in (WEIGHTS_NAME, CONFIG_NAME) if not (stage / n).is_file()]
     if missing:
         raise SystemExit(f"{stage}: not a finished stage directory (missing {', '.join(missing)})")
     dest.mkdir(parents=True, exist_ok=True)
     written = []
-    for name in COPIED:
+    for name in (WEIGHTS_NAME, CONFIG_NAME, LOG_NAME):
         if (stage / name).is_file():
             shutil.copyfile(stage / name, dest / name)
             written.append(dest / name)
-    if (stage / "adapter_model.safetensors").is_file():
-        weights = load_file(stage / "adapter_model.safetensors")
-        save_file(
-            {k: v.to(torch.bfloat16).contiguous() for k, v in weights.items()}, dest / "adapter_model.safetensors"
-        )
-        config = json.loads((stage / "adapter_config.json").read_text())
+    if has_adapter(stage):
+        config_name, weights_name = ADAPTER_FILES
+        weights = load_file(stage / weights_name)
+        save_file({k: v.to(torch.bfloat16).contiguous() for k, v in weights.items()}, dest / weights_name)
+        config = json.loads((stage / config_name).read_text())
         config["base_model_name_or_path"] = base_model
-        (dest / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        written += [dest / "adapter_model.safetensors", dest / "adapter_config.json"]
+        (dest / config_name).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        written += [dest / weights_name, dest / config_name]
     return written
 
 
