@@ -19,9 +19,10 @@ table metric), avg_acc, the commands that produced the checkpoint, and the check
 
 Concurrent rows (--jobs N > 1, or --grace-s > 0): each row runs in its own process (this script with
 --row WORK/NAME/row.json, which the driver writes), its output in WORK/NAME/log.txt; at most N at a
-time; a match_flops or stage1_from row starts once the row it names has a finished record. Only the driver writes
---out: a finished row's record, or `status: "failed"` with the last line of its log (the others go
-on), or `status: "interrupted"` for a row stopped at the budget. Records are kept in spec order.
+time; a match_flops, stage1_from or init_from row starts once the row it names has a finished record.
+Only the driver writes --out: a finished row's record, or `status: "failed"` with the last line of its
+log (the others go on), or `status: "interrupted"` for a row stopped at the budget. Records are kept in
+spec order.
 --budget-s S: no row starts after S seconds from the driver's start; with --grace-s G > 0 the rows
 still running get SIGTERM at S + G (a trained stage resumes from its latest checkpoint on the next
 call). With --jobs 1 and no grace the rows run in this process, one after the other, as before.
@@ -68,6 +69,10 @@ class RunSpec:
     # the name of a finished trained row whose stage-1 routers this row's LoRA recovery starts from
     # (instead of calibrating its own copy); the record's tokens and times include that stage
     stage1_from: str | None = None
+    # the name of a finished trained row whose stage-1 routers this row's calibration starts from (a warm
+    # start, `wide calibrate --init-routers`; its own steps, target and objective); the record's tokens and
+    # times include that stage
+    init_from: str | None = None
     # sequences per step for this row's training stages (None: the driver's --batch-size)
     batch_size: int | None = None
 
@@ -84,11 +89,13 @@ class RunSpec:
             raise ValueError(f"{self.method}: batch_size must be >= 1, got {self.batch_size}")
         if self.stage1_from and (not self.lora_steps or self.method in ("dense",) + TRAINING_FREE):
             raise ValueError(f"{self.method}: stage1_from needs a trained method with lora_steps")
+        if self.init_from and (self.method in ("dense",) + TRAINING_FREE or self.stage1_from):
+            raise ValueError(f"{self.method}: init_from needs a trained method that calibrates (no stage1_from)")
 
     @property
     def needs(self) -> list[str]:
         """Rows that must have a finished record before this one starts."""
-        return [n for n in (self.match_flops, self.stage1_from) if n]
+        return [n for n in (self.match_flops, self.stage1_from, self.init_from) if n]
 
     @property
     def key(self) -> str:
@@ -240,6 +247,7 @@ def _identity(spec: RunSpec) -> dict:
         "target": None if spec.method == "dense" else spec.target,
         "match_flops": spec.match_flops,
         "stage1_from": spec.stage1_from,
+        "init_from": spec.init_from,
         "extra_args": list(spec.extra_args),
     }
 
@@ -268,6 +276,8 @@ def make_record(
         "distill": spec.distill,
         "ffn_group_size": spec.ffn_group_size,
         "steps": 0 if spec.method in ("dense",) + TRAINING_FREE else spec.steps,
+        # a warm start's steps before this row's own (init_from's stage 1)
+        "init_steps": (stages[0][0].get("steps") if stages else None) if spec.init_from else None,
         "lora_steps": spec.lora_steps,
         "tokens": sum(int(s[0].get("tokens", 0) or 0) for s in stages),
         "gpu_minutes": wall / 60.0,
@@ -289,6 +299,16 @@ def make_record(
     }
 
 
+def _stage1_of(key: str, name: str, work: Path, records: list[dict]) -> tuple[Path, list[tuple[dict, str, float]]]:
+    """Row name's finished stage-1 directory and its stage (training summary, command, 0 s in this call)."""
+    stage1 = work / name / "stage1"
+    done = _finished(stage1)
+    if done is None:
+        raise SystemExit(f"{key}: {stage1} is not a finished stage 1 (run {name!r} first)")
+    src = finished_record(records, name) or {}
+    return stage1, [(done, (src.get("commands") or ["(stage 1 of " + name + ")"])[0], 0.0)]
+
+
 def run_one(spec: RunSpec, a: argparse.Namespace, work: Path, records: list[dict]) -> dict:
     matched = None
     if spec.match_flops:
@@ -302,15 +322,14 @@ def run_one(spec: RunSpec, a: argparse.Namespace, work: Path, records: list[dict
         return make_record(spec, row, [], eval_s, None, **conditions)
     trained = spec.method not in TRAINING_FREE
     if spec.stage1_from:
-        stage1 = work / spec.stage1_from / "stage1"
-        done = _finished(stage1)
-        if done is None:
-            raise SystemExit(f"{spec.key}: {stage1} is not a finished stage 1 (run {spec.stage1_from!r} first)")
-        src = finished_record(records, spec.stage1_from) or {}
-        stages = [(done, (src.get("commands") or ["(stage 1 of " + spec.stage1_from + ")"])[0], 0.0)]
+        stage1, stages = _stage1_of(spec.key, spec.stage1_from, work, records)
     else:
+        stages, init = [], []
+        if spec.init_from:  # a warm start: the named row's stage 1 counts toward this row's budget
+            src, stages = _stage1_of(spec.key, spec.init_from, work, records)
+            init = ["--init-routers", src]
         stage1 = work / spec.key / "stage1"
-        stages = [run_stage(stage1, calibrate_args(spec, a, stage1), trained)]
+        stages.append(run_stage(stage1, calibrate_args(spec, a, stage1) + init, trained))
     ckpt = stage1
     if spec.lora_steps:
         ckpt = work / spec.key / "lora"
@@ -517,7 +536,9 @@ def check_specs(specs: list[RunSpec]) -> None:
     for i, s in enumerate(specs):
         for n in s.needs:
             if n in names[i:]:
-                raise SystemExit(f"{s.key}: {n!r} (match_flops / stage1_from) must name a row listed before it")
+                raise SystemExit(
+                    f"{s.key}: {n!r} (match_flops / stage1_from / init_from) must name a row listed before it"
+                )
 
 
 def grid(a: argparse.Namespace) -> list[RunSpec]:
@@ -590,6 +611,7 @@ def tiny_setup(a: argparse.Namespace, work: Path) -> list[RunSpec]:
         RunSpec("wide", sparsity_kind="flops", distill="kl+lm", **{**common, "target": 0.01}),
         RunSpec("wide", lora_steps=2, stage1_from="wide-groups0.5-s2-g16", **common),  # from the row above
         RunSpec("static-width", match_flops="wide-groups0.5-s2-g16", ffn_group_size=16),
+        RunSpec("wide", init_from="wide-groups0.5-s2-g16", **{**common, "target": 0.3}),  # a warm start from it
     ]
 
 

@@ -34,7 +34,7 @@ def _budget(rec: dict) -> str:
         if rec.get("lora_steps"):  # a static mask recovered with LoRA: calibration + LoRA tokens
             return f"training-free + {rec['lora_steps']} LoRA, {rec.get('tokens', 0) / 1e6:.1f}M tok"
         return f"training-free, {rec.get('tokens', 0) / 1e6:.2f}M calibration tok"
-    parts = [f"{rec['steps']} steps"]
+    parts = [f"{rec['init_steps']} + {rec['steps']} steps" if rec.get("init_from") else f"{rec['steps']} steps"]
     if rec.get("lora_steps"):
         parts.append(f"+ {rec['lora_steps']} LoRA")
     return " ".join(parts) + f", {rec['tokens'] / 1e6:.1f}M tok"

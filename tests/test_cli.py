@@ -73,6 +73,35 @@ def test_calibrate_then_resume(tiny_dir, text_file, tmp_path, capsys):
     assert calibrate_tiny(tiny_dir, text_file, out, *extra, "--resume", steps=4) == 0  # from checkpoint-2
 
 
+def test_calibrate_init_routers_warm_starts(tiny_dir, text_file, tmp_path, capsys):
+    """`wide calibrate --init-routers CKPT` trains CKPT's routers on (another target or objective), not a
+    fresh draw; a checkpoint of another router structure, a stage-2 one or a training-free method is refused."""
+    from wide.model.checkpoint import load_tensors
+
+    s1 = tmp_path / "s1"
+    assert calibrate_tiny(tiny_dir, text_file, s1, "--lr", 0.05, steps=3) == 0
+
+    def weights(d):  # the router weights, without the skip offsets that every run's final fit sets
+        return {k: v for k, v in load_tensors(d / "routers.safetensors").items() if not k.endswith("skip_bias")}
+
+    still = ("--lr", 1e-12, "--seed", 1, "--sparsity", 0.3, "--distill", "kl+lm")  # another draw, target, objective
+    assert calibrate_tiny(tiny_dir, text_file, tmp_path / "warm", *still, "--init-routers", s1) == 0
+    assert calibrate_tiny(tiny_dir, text_file, tmp_path / "fresh", *still) == 0
+    w1, warm, fresh = weights(s1), weights(tmp_path / "warm"), weights(tmp_path / "fresh")
+    assert all(torch.allclose(warm[k], w1[k], atol=1e-6) for k in w1)
+    assert not all(torch.allclose(fresh[k], w1[k], atol=1e-3) for k in w1)
+    meta = json.loads((tmp_path / "warm" / "wide_config.json").read_text())
+    assert meta["config"]["sparsity"] == 0.3 and meta["config"]["distill"] == "kl+lm"
+    capsys.readouterr()
+
+    assert calibrate_tiny(tiny_dir, text_file, tmp_path / "x", "--init-routers", s1, "--router-rank", 4) == 2
+    assert "its router_rank is 8, this run's --router-rank is 4" in capsys.readouterr().err
+    rc = calibrate_tiny(tiny_dir, text_file, tmp_path / "y", "--init-routers", s1, "--method", "module-skip")
+    assert rc == 2 and "its method is 'wide'" in capsys.readouterr().err
+    assert calibrate_tiny(tiny_dir, text_file, tmp_path / "z", "--init-routers", s1, "--method", "teal") == 2
+    assert "teal has no routers to train" in capsys.readouterr().err
+
+
 def test_cli_errors_are_clear(tiny_dir, tmp_path, capsys):
     rc = cli(
         "calibrate", "--model", tiny_dir, "--data", tmp_path / "missing.jsonl", "--steps", 1, "--out", tmp_path / "o"

@@ -112,8 +112,30 @@ def _method(a: argparse.Namespace) -> str:
     return "module-skip" if a.module_skipping else a.method
 
 
+# what a warm start must share with the checkpoint it starts from: the routers' shapes and inputs
+_ROUTER_STRUCTURE = ("method", "attn_group_size", "ffn_group_size", "router_rank", "router_input", "ffn_router_source")
+
+
+def _check_init_routers(ckpt: str, cfg) -> None:
+    """--init-routers CKPT: a stage-1 checkpoint of this run's trained method and router structure."""
+    from wide.baselines import TRAINING_FREE
+    from wide.config import WideConfig
+    from wide.model.checkpoint import check_checkpoint, has_adapter
+
+    if cfg.method in TRAINING_FREE:
+        raise ValueError(f"--init-routers: {cfg.method} has no routers to train")
+    if has_adapter(ckpt):  # its routers were trained with an adapter that a calibration run would drop
+        raise ValueError(f"--init-routers {ckpt}: a stage-2 checkpoint (it holds a LoRA adapter); use stage 1")
+    saved = WideConfig.from_dict(check_checkpoint(ckpt)["config"])
+    for k in _ROUTER_STRUCTURE:
+        theirs, ours = getattr(saved, k), getattr(cfg, k)
+        if theirs != ours:
+            flag = "--" + k.replace("_", "-")
+            raise ValueError(f"--init-routers {ckpt}: its {k} is {theirs!r}, this run's {flag} is {ours!r}")
+
+
 def cmd_calibrate(a: argparse.Namespace) -> int:
-    from wide.baselines import TRAINING_FREE, build, calibrate_training_free
+    from wide.baselines import TRAINING_FREE, build, calibrate_training_free, load
     from wide.config import WideConfig
     from wide.model import load_model, resolve_model_id
     from wide.train.calibrate import calibrate, check_out_dir, seed_everything
@@ -139,6 +161,9 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     )
     model_id = resolve_model_id(a.model)
     extra = {"model": model_id, "data": _data_source(a)[0]}  # compared on --resume
+    if a.init_routers:
+        _check_init_routers(a.init_routers, cfg)  # before the model loads
+        extra["init_routers"] = str(a.init_routers)
     tc = _train_config(a, data_mode=a.data_mode, fit_mode=a.fit_mode, extra=extra)
     # --out / --resume problems surface before the model and the data load; nothing is written yet
     check_out_dir(a.out, tc, resume=a.resume, overwrite=a.overwrite, config=cfg, base_model=model_id)
@@ -147,7 +172,11 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     load_device = device if method in TRAINING_FREE else _load_device(a, device)
     model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=load_device)
     seed_everything(cfg.seed)  # the routers' initialisation draws from the global generator
-    wm = build(model, cfg)  # unsupported architectures and bad group sizes fail here, before data
+    if a.init_routers:  # warm start: the checkpoint's routers and skip offsets, this run's objective
+        wm = load(model, a.init_routers)
+        wm.config = cfg
+    else:
+        wm = build(model, cfg)  # unsupported architectures and bad group sizes fail here, before data
     ds, data = _training_data(a, tok, a.seq_len, a.data_mode)
     if method in TRAINING_FREE:  # no training: scores / thresholds from --calib-batches batches
         summary = calibrate_training_free(
@@ -571,6 +600,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     c.add_argument("--device", help=DEVICE_HELP)
     c.add_argument("--out", required=True, help="output directory (checkpoints, log, final routers)")
+    c.add_argument(
+        "--init-routers",
+        type=_routers,
+        help="warm start from a stage-1 checkpoint's routers (same method, group sizes, rank and router input); "
+        "the target, objective and schedule are this run's: " + ROUTERS_HELP,
+    )
     c.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     c.add_argument("--overwrite", action="store_true", help=_OVERWRITE_HELP)
     c.set_defaults(func=cmd_calibrate)

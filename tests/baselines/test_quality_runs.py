@@ -104,6 +104,12 @@ def test_spec_checks_order_and_device_spec():
     with pytest.raises(ValueError, match="stage1_from needs"):
         R("static-width", lora_steps=3, stage1_from="w")
     assert R("wide", lora_steps=3, stage1_from="w", match_flops=None).needs == ["w"]
+    assert R("wide", init_from="w").needs == ["w"]
+    with pytest.raises(SystemExit, match="listed before it"):
+        qr.check_specs([R("wide", init_from="w"), R("wide", name="w")])
+    for bad in (dict(method="teal"), dict(method="wide", lora_steps=3, stage1_from="v")):
+        with pytest.raises(ValueError, match="init_from needs"):
+            R(init_from="w", **bad)
     order = {"a": 0, "b": 1, "c": 2}
     recs = qr.merge_record([{"name": "c"}, {"name": "x"}, {"name": "a", "v": 1}], {"name": "a", "v": 2}, order)
     assert recs == [{"name": "a", "v": 2}, {"name": "c"}, {"name": "x"}]
@@ -174,6 +180,12 @@ def test_spec_checks_order_and_device_spec():
     for s in long_kd:
         ref = by_target[s.target]
         assert (s.steps, s.batch_size, s.distill) == (ref.steps, ref.batch_size, "kl+lm")
+    # the long routers trained on with distillation (a warm start: calibration only, 4,000 + 2,000 steps)
+    warm = qr.load_specs([ROOT / "scripts" / "device" / "quality-warm-distill.json"])
+    qr.check_specs(specs + sweep + long + skip_lora + base_lora + source + long_kd + warm)
+    for s in warm:
+        ref = by_target[s.target]
+        assert s.init_from == ref.key and (s.batch_size, s.distill, s.lora_steps) == (ref.batch_size, "kl+lm", 0)
     compiled = qr.parse_args(["--spec", "x.json", "--out", "q.json", "--compile"])
     assert "--compile" in qr.finetune_args(long[-1], compiled, Path("s1"), Path("out"))  # LoRA stages compile too
     assert "--compile" not in qr.finetune_args(long[-1], a, Path("s1"), Path("out"))
@@ -276,7 +288,18 @@ def test_tiny_mode_end_to_end_and_resume(tmp_path, capsys, tiny_model):
     assert qr.main(["--tiny", "--out", str(out), "--work", str(_work(tmp_path, tiny_model))]) == 0
     recs = json.loads(out.read_text())["records"]
     methods = [r["method"] for r in recs]
-    want = ["dense", "wide", "module-skip", "layer-skip", "static-width", "teal", "wide", "wide", "static-width"]
+    want = [
+        "dense",
+        "wide",
+        "module-skip",
+        "layer-skip",
+        "static-width",
+        "teal",
+        "wide",
+        "wide",
+        "static-width",
+        "wide",
+    ]
     assert methods == want
     for r in recs:
         assert r["status"] == "done" and r["wikitext_word_ppl"] > 1 and "arc_easy" in r["tasks"]
@@ -284,11 +307,15 @@ def test_tiny_mode_end_to_end_and_resume(tmp_path, capsys, tiny_model):
             assert -0.05 < r["flops_removed"] < 1 and r["tokens"] > 0 and r["commands"]
         if r["sparsity_kind"] == "groups" and r["method"] != "dense":  # targets of 50% of the groups
             assert r["flops_removed"] > 0 and r["real_sparsity"]["overall"] > 0.2, r
-    assert recs[-2]["lora_steps"] == 2 and len(recs[-2]["commands"]) == 2
-    matched = recs[-1]  # static width at the FLOPs the WIDE row removed
+    assert recs[-3]["lora_steps"] == 2 and len(recs[-3]["commands"]) == 2
+    matched = recs[-2]  # static width at the FLOPs the WIDE row removed
     assert matched["match_flops"] == recs[1]["name"] and matched["sparsity_kind"] == "flops"
     assert matched["target"] == pytest.approx(recs[1]["flops_removed"], abs=1e-4)
     assert abs(matched["flops_removed"] - recs[1]["flops_removed"]) < 0.01
+    warm = recs[-1]  # the WIDE row's routers trained on at another target: both stages in its budget
+    assert warm["init_from"] == recs[1]["name"] and (warm["init_steps"], warm["steps"]) == (2, 2)
+    assert warm["tokens"] == 2 * recs[1]["tokens"] and "--init-routers" in warm["commands"][1]
+    assert warm["commands"][0] == recs[1]["commands"][0] and warm["target"] == 0.3
     capsys.readouterr()
     assert qr.main(["--tiny", "--out", str(out), "--work", str(tmp_path / "w")]) == 0  # everything finished
     assert capsys.readouterr().err.count("[skip]") == len(recs)
