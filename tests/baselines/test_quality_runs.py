@@ -180,7 +180,7 @@ def test_spec_checks_order_and_device_spec():
     for s in long_kd:
         ref = by_target[s.target]
         assert (s.steps, s.batch_size, s.distill) == (ref.steps, ref.batch_size, "kl+lm")
-    # the long routers trained on with distillation (a warm start: calibration only, 4,000 + 2,000 steps)
+    # the long routers trained on with distillation (a warm start: calibration only, 4,000 + 3,000 steps)
     warm = qr.load_specs([ROOT / "scripts" / "device" / "quality-warm-distill.json"])
     qr.check_specs(specs + sweep + long + skip_lora + base_lora + source + long_kd + warm)
     for s in warm:
