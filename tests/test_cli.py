@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -74,9 +75,10 @@ def test_calibrate_then_resume(tiny_dir, text_file, tmp_path, capsys):
 
 
 def test_calibrate_init_routers_warm_starts(tiny_dir, text_file, tmp_path, capsys):
-    """`wide calibrate --init-routers CKPT` trains CKPT's routers on (another target or objective), not a
-    fresh draw; a checkpoint of another router structure, a stage-2 one or a training-free method is refused."""
-    from wide.model.checkpoint import load_tensors
+    """`wide calibrate --init-routers CKPT` trains CKPT's routers on (another target, objective or router
+    input), not a fresh draw; a checkpoint of other router shapes, a stage-2 one or a training-free method is
+    refused."""
+    from wide.model.checkpoint import ADAPTER_FILES, load_tensors
 
     s1 = tmp_path / "s1"
     assert calibrate_tiny(tiny_dir, text_file, s1, "--lr", 0.05, steps=3) == 0
@@ -92,6 +94,11 @@ def test_calibrate_init_routers_warm_starts(tiny_dir, text_file, tmp_path, capsy
     assert not all(torch.allclose(fresh[k], w1[k], atol=1e-3) for k in w1)
     meta = json.loads((tmp_path / "warm" / "wide_config.json").read_text())
     assert meta["config"]["sparsity"] == 0.3 and meta["config"]["distill"] == "kl+lm"
+    # the FFN routers moved to the layer input: the same tensors to start from, hooks on the attention's norm
+    moved = tmp_path / "moved"
+    assert calibrate_tiny(tiny_dir, text_file, moved, *still, "--init-routers", s1, "--ffn-router-source", "layer") == 0
+    assert all(torch.allclose(weights(moved)[k], w1[k], atol=1e-6) for k in w1)
+    assert json.loads((moved / "wide_config.json").read_text())["config"]["ffn_router_source"] == "layer"
     capsys.readouterr()
 
     assert calibrate_tiny(tiny_dir, text_file, tmp_path / "x", "--init-routers", s1, "--router-rank", 4) == 2
@@ -100,6 +107,10 @@ def test_calibrate_init_routers_warm_starts(tiny_dir, text_file, tmp_path, capsy
     assert rc == 2 and "its method is 'wide'" in capsys.readouterr().err
     assert calibrate_tiny(tiny_dir, text_file, tmp_path / "z", "--init-routers", s1, "--method", "teal") == 2
     assert "teal has no routers to train" in capsys.readouterr().err
+    stage2 = shutil.copytree(s1, tmp_path / "s2")
+    (stage2 / ADAPTER_FILES[0]).write_text("{}")  # what makes a folder a stage-2 checkpoint
+    assert calibrate_tiny(tiny_dir, text_file, tmp_path / "w", "--init-routers", stage2) == 2
+    assert "a stage-2 checkpoint" in capsys.readouterr().err
 
 
 def test_cli_errors_are_clear(tiny_dir, tmp_path, capsys):

@@ -112,12 +112,13 @@ def _method(a: argparse.Namespace) -> str:
     return "module-skip" if a.module_skipping else a.method
 
 
-# what a warm start must share with the checkpoint it starts from: the routers' shapes and inputs
-_ROUTER_STRUCTURE = ("method", "attn_group_size", "ffn_group_size", "router_rank", "router_input", "ffn_router_source")
+# what a warm start must share with the checkpoint it starts from: the routers' tensors (what they read,
+# --router-input / --ffn-router-source, may change: the weights are a start)
+_ROUTER_STRUCTURE = ("method", "attn_group_size", "ffn_group_size", "router_rank")
 
 
 def _check_init_routers(ckpt: str, cfg) -> None:
-    """--init-routers CKPT: a stage-1 checkpoint of this run's trained method and router structure."""
+    """--init-routers CKPT: a stage-1 checkpoint of this run's trained method and router shapes."""
     from wide.baselines import TRAINING_FREE
     from wide.config import WideConfig
     from wide.model.checkpoint import check_checkpoint, has_adapter
@@ -171,12 +172,15 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     # training-free methods never shard: they score on the training device
     load_device = device if method in TRAINING_FREE else _load_device(a, device)
     model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=load_device)
+    start = None
+    if a.init_routers:  # warm start: the checkpoint's router tensors (skip offsets included) after its checks
+        plain = load(model, a.init_routers)  # dimensions, base model, tensor names and shapes
+        start = plain.routers.state_dict()
+        plain.detach()
     seed_everything(cfg.seed)  # the routers' initialisation draws from the global generator
-    if a.init_routers:  # warm start: the checkpoint's routers and skip offsets, this run's objective
-        wm = load(model, a.init_routers)
-        wm.config = cfg
-    else:
-        wm = build(model, cfg)  # unsupported architectures and bad group sizes fail here, before data
+    wm = build(model, cfg)  # unsupported architectures and bad group sizes fail here, before data
+    if start is not None:  # the hooks are this run's (its router input), the tensors the checkpoint's
+        wm.routers.load_state_dict(start, strict=True)
     ds, data = _training_data(a, tok, a.seq_len, a.data_mode)
     if method in TRAINING_FREE:  # no training: scores / thresholds from --calib-batches batches
         summary = calibrate_training_free(
@@ -603,8 +607,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--init-routers",
         type=_routers,
-        help="warm start from a stage-1 checkpoint's routers (same method, group sizes, rank and router input); "
-        "the target, objective and schedule are this run's: " + ROUTERS_HELP,
+        help="warm start from a stage-1 checkpoint's routers (same method, group sizes and rank); the target, "
+        "objective, schedule and router input are this run's: " + ROUTERS_HELP,
     )
     c.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     c.add_argument("--overwrite", action="store_true", help=_OVERWRITE_HELP)

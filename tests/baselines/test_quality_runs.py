@@ -186,6 +186,8 @@ def test_spec_checks_order_and_device_spec():
     for s in warm:
         ref = by_target[s.target]
         assert s.init_from == ref.key and (s.batch_size, s.distill, s.lora_steps) == (ref.batch_size, "kl+lm", 0)
+    moved = [s for s in warm if s.extra_args]  # one 50% row moves its FFN routers to the layer input
+    assert [(s.target, s.extra_args) for s in moved] == [(0.5, ["--ffn-router-source", "layer"])]
     compiled = qr.parse_args(["--spec", "x.json", "--out", "q.json", "--compile"])
     assert "--compile" in qr.finetune_args(long[-1], compiled, Path("s1"), Path("out"))  # LoRA stages compile too
     assert "--compile" not in qr.finetune_args(long[-1], a, Path("s1"), Path("out"))
