@@ -277,7 +277,7 @@ def make_record(
         "ffn_group_size": spec.ffn_group_size,
         "steps": 0 if spec.method in ("dense",) + TRAINING_FREE else spec.steps,
         # a warm start's steps before this row's own (init_from's stage 1)
-        "init_steps": (stages[0][0].get("steps") if stages else None) if spec.init_from else None,
+        "init_steps": stages[0][0].get("steps") if spec.init_from else None,
         "lora_steps": spec.lora_steps,
         "tokens": sum(int(s[0].get("tokens", 0) or 0) for s in stages),
         "gpu_minutes": wall / 60.0,
