@@ -261,9 +261,10 @@ def make_record(
     *,
     jobs: int,
     eval_limit: int | None,
+    init_steps: int | None = None,
 ) -> dict:
     """A finished row's record; jobs (rows run at once) and eval_limit (None: full sets) are the
-    conditions its times and scores were measured under."""
+    conditions its times and scores were measured under; init_steps: an init_from row's steps before its own."""
     sp = row.get("sparsity", {}).get("all") or {}
     attn, ffn = sp.get("attn_sparsity", 0.0), sp.get("ffn_sparsity", 0.0)
     tasks = {t: v["score"] for t, v in row.get("tasks", {}).items()}
@@ -276,8 +277,8 @@ def make_record(
         "distill": spec.distill,
         "ffn_group_size": spec.ffn_group_size,
         "steps": 0 if spec.method in ("dense",) + TRAINING_FREE else spec.steps,
-        # a warm start's steps before this row's own (init_from's stage 1)
-        "init_steps": stages[0][0].get("steps") if spec.init_from else None,
+        # a warm start's steps before this row's own (init_from's stage 1 and whatever it started from)
+        "init_steps": init_steps,
         "lora_steps": spec.lora_steps,
         "tokens": sum(int(s[0].get("tokens", 0) or 0) for s in stages),
         "gpu_minutes": wall / 60.0,
@@ -300,13 +301,24 @@ def make_record(
 
 
 def _stage1_of(key: str, name: str, work: Path, records: list[dict]) -> tuple[Path, list[tuple[dict, str, float]]]:
-    """Row name's finished stage-1 directory and its stage (training summary, command, 0 s in this call)."""
+    """Row name's finished stage-1 directory and the stages that made it (training summary, command, 0 s in
+    this call), oldest first. A source that was itself warm-started brings its whole budget as its record
+    counts it (steps, tokens, wall time), its earlier commands as stages of no tokens or time."""
     stage1 = work / name / "stage1"
     done = _finished(stage1)
     if done is None:
         raise SystemExit(f"{key}: {stage1} is not a finished stage 1 (run {name!r} first)")
     src = finished_record(records, name) or {}
-    return stage1, [(done, (src.get("commands") or ["(stage 1 of " + name + ")"])[0], 0.0)]
+    commands = src.get("commands") or ["(stage 1 of " + name + ")"]
+    if not src.get("init_from"):
+        return stage1, [(done, commands[0], 0.0)]
+    # commands: the source's own source(s) first, its stage 1 last (a warm start has no LoRA stage of its own here)
+    whole = done | {
+        "steps": src["steps"] + src["init_steps"],
+        "tokens": src["tokens"],
+        "wall_time_s": src["gpu_minutes"] * 60.0,
+    }
+    return stage1, [({}, c, 0.0) for c in commands[:-1]] + [(whole, commands[-1], 0.0)]
 
 
 def run_one(spec: RunSpec, a: argparse.Namespace, work: Path, records: list[dict]) -> dict:
@@ -328,6 +340,7 @@ def run_one(spec: RunSpec, a: argparse.Namespace, work: Path, records: list[dict
         if spec.init_from:  # a warm start: the named row's stage 1 counts toward this row's budget
             src, stages = _stage1_of(spec.key, spec.init_from, work, records)
             init = ["--init-routers", src]
+            conditions["init_steps"] = stages[-1][0]["steps"]
         stage1 = work / spec.key / "stage1"
         stages.append(run_stage(stage1, calibrate_args(spec, a, stage1) + init, trained))
     ckpt = stage1
@@ -612,6 +625,7 @@ def tiny_setup(a: argparse.Namespace, work: Path) -> list[RunSpec]:
         RunSpec("wide", lora_steps=2, stage1_from="wide-groups0.5-s2-g16", **common),  # from the row above
         RunSpec("static-width", match_flops="wide-groups0.5-s2-g16", ffn_group_size=16),
         RunSpec("wide", init_from="wide-groups0.5-s2-g16", **{**common, "target": 0.3}),  # a warm start from it
+        RunSpec("wide", name="wide-warm2", init_from="wide-groups0.3-s2-g16", **{**common, "target": 0.3}),  # and on
     ]
 
 

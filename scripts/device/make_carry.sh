@@ -5,6 +5,7 @@
 #                           transformers, peft, pyarrow, pandas, scikit-learn, sacrebleu, ...: KINDS.md's list),
 #                           for CPython 3.12, installed there with --no-deps by setup.sh; gguf included
 #   .device-carry/data.tar.xz  the offline data root without tiny-shakespeare (~7 MiB)
+#   .device-carry/quality-work/  the quality sweep's seed from git (seed_work.sh; ~14 MiB)
 # Pins: datasets 4.8.x accepts the image's huggingface-hub 1.x; dill / multiprocess / typepy / chardet at the
 # versions datasets and pytablewriter accept.
 set -euo pipefail
@@ -20,3 +21,4 @@ python3 -m pip wheel -q --no-deps -w "$E" sqlitedict word2number  # source-only 
 grep -qx "/.device-carry/" .git/info/exclude 2>/dev/null || echo "/.device-carry/" >>.git/info/exclude
 tar -cJf .device-carry/data.tar.xz -C "${WIDE_SHARED:-../shared}" --exclude=data/tinyshakespeare data
 du -sh "$E" .device-carry/data.tar.xz
+bash scripts/device/seed_work.sh

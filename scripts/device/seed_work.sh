@@ -1,20 +1,33 @@
 #!/usr/bin/env bash
-# Seed a fresh GPU machine's quality work from the repository instead of carried parts: the shipped routers
-# are the long rows' stage 1 (src/wide/checkpoints/smollm2-135m-s{25,50} = wide-{25,50}-long/stage1), the
-# records file is bench/results/smollm2/quality-h200.json. quality.sh then restores both from
+# Seed a fresh GPU machine's quality work from the repository instead of parts that came back from one: run
+# here (it reads git history), before the call that starts quality.sh / quality_bg.sh, and carry
+# .device-carry/quality-work in that call. Rows seeded (their stage 1 only, as shipped):
+#   wide-25-long            src/wide/checkpoints/smollm2-135m-s25
+#   wide-50-long            smollm2-135m-s50 as shipped until 62ca804 (git 839dbe2: the 4,000-step routers)
+#   wide-50-long-warm-kllm  src/wide/checkpoints/smollm2-135m-s50 (shipped since)
+# and the records file bench/results/smollm2/quality-h200.json; quality.sh restores both from
 # .device-carry/quality-work/ and skips every row with a finished record.
+#   ROWS="NAME ..."   seed only these rows (default: all three; each ~4.7 MB, and a call carries 64 MiB with the
+#                     ~40 MiB tree: beside evalwhl, at most two)
 #   DROP=NAME[,NAME]  records removed first, so that those rows run again (e.g. a LoRA row whose adapter
 #                     never came back)
-# Usage (repo root, before quality.sh / quality_bg.sh start): DROP=... bash scripts/device/seed_work.sh
+# Usage (repo root, this machine): ROWS=... DROP=... bash scripts/device/seed_work.sh
 set -eu
 Q=.device-carry/quality-work
 T=$(mktemp -d)
-mkdir -p "$Q"
-for s in 25 50; do
-  mkdir -p "$T/wide-$s-long/stage1"
-  cp src/wide/checkpoints/smollm2-135m-s$s/* "$T/wide-$s-long/stage1/"
-done
-tar -cf "$Q/work.tar.00" -C "$T" wide-25-long wide-50-long
+rm -rf "$Q" && mkdir -p "$Q"
+ROWS=${ROWS:-wide-25-long wide-50-long wide-50-long-warm-kllm}
+seed() {  # seed ROW GIT_REV CHECKPOINT_NAME, if ROWS names it
+  case " $ROWS " in *" $1 "*) ;; *) return 0 ;; esac
+  mkdir -p "$T/$1/stage1"
+  for f in routers.safetensors wide_config.json train_log.jsonl; do
+    git show "$2:src/wide/checkpoints/$3/$f" >"$T/$1/stage1/$f"
+  done
+}
+seed wide-25-long HEAD smollm2-135m-s25
+seed wide-50-long 839dbe2 smollm2-135m-s50
+seed wide-50-long-warm-kllm HEAD smollm2-135m-s50
+tar -cf "$Q/work.tar.00" -C "$T" $ROWS
 rm -rf "$T"
 python3 - "$Q/quality.json" "${DROP:-}" <<'PY'
 import json, sys
@@ -24,3 +37,4 @@ data["records"] = [r for r in data["records"] if r.get("name") not in drop]
 json.dump(data, open(out, "w"), indent=1)
 print(f"seeded {out}: {len(data['records'])} records, dropped {sorted(drop)}")
 PY
+du -sh "$Q"

@@ -180,12 +180,14 @@ def test_spec_checks_order_and_device_spec():
     for s in long_kd:
         ref = by_target[s.target]
         assert (s.steps, s.batch_size, s.distill) == (ref.steps, ref.batch_size, "kl+lm")
-    # the long routers trained on with distillation (a warm start: calibration only, 4,000 + 3,000 steps)
+    # the long routers trained on with distillation (a warm start: calibration only, 4,000 + 3,000 steps), the
+    # last row once more from the first (4,000 + 3,000 + 3,000)
     warm = qr.load_specs([ROOT / "scripts" / "device" / "quality-warm-distill.json"])
     qr.check_specs(specs + sweep + long + skip_lora + base_lora + source + long_kd + warm)
     for s in warm:
-        ref = by_target[s.target]
+        ref = by_target[s.target] if s is not warm[-1] else warm[0]
         assert s.init_from == ref.key and (s.batch_size, s.distill, s.lora_steps) == (ref.batch_size, "kl+lm", 0)
+        assert s.target == ref.target and s.steps == 3000
     moved = [s for s in warm if s.extra_args]  # one 50% row moves its FFN routers to the layer input
     assert [(s.target, s.extra_args) for s in moved] == [(0.5, ["--ffn-router-source", "layer"])]
     compiled = qr.parse_args(["--spec", "x.json", "--out", "q.json", "--compile"])
@@ -301,6 +303,7 @@ def test_tiny_mode_end_to_end_and_resume(tmp_path, capsys, tiny_model):
         "wide",
         "static-width",
         "wide",
+        "wide",
     ]
     assert methods == want
     for r in recs:
@@ -309,15 +312,19 @@ def test_tiny_mode_end_to_end_and_resume(tmp_path, capsys, tiny_model):
             assert -0.05 < r["flops_removed"] < 1 and r["tokens"] > 0 and r["commands"]
         if r["sparsity_kind"] == "groups" and r["method"] != "dense":  # targets of 50% of the groups
             assert r["flops_removed"] > 0 and r["real_sparsity"]["overall"] > 0.2, r
-    assert recs[-3]["lora_steps"] == 2 and len(recs[-3]["commands"]) == 2
-    matched = recs[-2]  # static width at the FLOPs the WIDE row removed
+    assert recs[-4]["lora_steps"] == 2 and len(recs[-4]["commands"]) == 2
+    matched = recs[-3]  # static width at the FLOPs the WIDE row removed
     assert matched["match_flops"] == recs[1]["name"] and matched["sparsity_kind"] == "flops"
     assert matched["target"] == pytest.approx(recs[1]["flops_removed"], abs=1e-4)
     assert abs(matched["flops_removed"] - recs[1]["flops_removed"]) < 0.01
-    warm = recs[-1]  # the WIDE row's routers trained on at another target: both stages in its budget
+    warm = recs[-2]  # the WIDE row's routers trained on at another target: both stages in its budget
     assert warm["init_from"] == recs[1]["name"] and (warm["init_steps"], warm["steps"]) == (2, 2)
     assert warm["tokens"] == 2 * recs[1]["tokens"] and "--init-routers" in warm["commands"][1]
     assert warm["commands"][0] == recs[1]["commands"][0] and warm["target"] == 0.3
+    again = recs[-1]  # a warm start from a warm start: the whole chain in its budget
+    assert again["init_from"] == warm["name"] and (again["init_steps"], again["steps"]) == (4, 2)
+    assert again["tokens"] == 3 * recs[1]["tokens"] and again["commands"][:2] == warm["commands"]
+    assert again["gpu_minutes"] > warm["gpu_minutes"] and "--init-routers" in again["commands"][2]
     capsys.readouterr()
     assert qr.main(["--tiny", "--out", str(out), "--work", str(tmp_path / "w")]) == 0  # everything finished
     assert capsys.readouterr().err.count("[skip]") == len(recs)
