@@ -1,9 +1,11 @@
 """scripts/quality_runs.py (run names, grid, records, resume, the --tiny smoke run, concurrent rows
 with --jobs, the time budget, the device spec list), scripts/plot_sweep.py (series and the figure),
-scripts/quality_table.py and scripts/device/pack_work.py (what a device call carries back)."""
+scripts/plot_budget.py, scripts/quality_table.py and scripts/device/pack_work.py (what a device call
+carries back)."""
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import tarfile
@@ -19,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 qr = load_script("quality_runs")
 ps = load_script("plot_sweep")
+pb = load_script("plot_budget")
 qt = load_script("quality_table")
 pw = load_script("device/pack_work")
 
@@ -261,6 +264,42 @@ def test_plot_series_and_file(tmp_path):
     ps.plot(more, tmp_path / "more.png")
     out = ps.plot(records, tmp_path / "sweep.png", "test")
     assert out.is_file() and out.stat().st_size > 1000
+
+
+def test_budget_plot_rows_labels_and_goals(tmp_path):
+    def rec(name, target, tokens, ppl, **kw):
+        base = {"name": name, "method": "wide", "target": target, "tokens": tokens, "wikitext_word_ppl": ppl}
+        return base | {"status": "done", "steps": 300} | kw
+
+    records = [
+        {"name": "dense", "method": "dense", "wikitext_word_ppl": 10.0, "status": "done"},
+        rec("a", 0.5, 5e6, 80.0),
+        rec("b", 0.5, 1.3e8, 40.0, steps=4000),
+        rec("c", 0.5, 2.3e8, 30.0, steps=3000, init_steps=4000, distill="kl+lm", init_from="b"),
+        rec("d", 0.5, 1.6e8, 25.0, steps=4000, lora_steps=1000, stage1_from="b"),
+        rec("g64", 0.5, 5e6, 90.0, ffn_group_size=64),  # another series: left out
+        rec("moved", 0.5, 5e6, 70.0, extra_args=["--ffn-router-source", "layer"]),  # left out
+        rec("one", 0.1, 5e6, 12.0),  # a target at one budget: no panel
+        rec("e", 0.25, 5e6, 20.0),
+        rec("f", 0.25, 1.3e8, 15.0, steps=4000),
+    ]
+    dense, by_target = pb.points(records)
+    assert dense == 10.0 and list(by_target) == [0.25, 0.5]
+    assert [r["name"] for r in by_target[0.5]] == ["a", "b", "d", "c"]  # by tokens
+    labels = [pb.steps_label(r) for r in by_target[0.5]]
+    assert labels == ["300", "4000", "4000 + LoRA 1000", "4000 + 3000 kl+lm"]
+    assert pb.parse_goal("0.5:3.0") == (0.5, 3.0, "calibration only")
+    assert pb.parse_goal("0.5:2.2:LoRA") == (0.5, 2.2, "LoRA")
+    for bad in ("0.5", "x:3", "0.5:3:a:b"):
+        with pytest.raises(argparse.ArgumentTypeError, match="--goal"):
+            pb.parse_goal(bad)
+    out = tmp_path / "budget.png"
+    records_file = tmp_path / "q.json"
+    records_file.write_text(json.dumps({"records": records}))
+    assert pb.main([str(records_file), "--out", str(out), "--goal", "0.5:3.0"]) == 0
+    assert out.is_file() and out.stat().st_size > 1000
+    with pytest.raises(SystemExit, match="no dense record"):
+        pb.points(records[1:])
 
 
 @pytest.fixture(scope="module")
