@@ -333,6 +333,7 @@ def run_one(spec: RunSpec, a: argparse.Namespace, work: Path, records: list[dict
         row, eval_s = evaluate(a, None)
         return make_record(spec, row, [], eval_s, None, **conditions)
     trained = spec.method not in TRAINING_FREE
+    init_steps = None
     if spec.stage1_from:
         stage1, stages = _stage1_of(spec.key, spec.stage1_from, work, records)
     else:
@@ -340,7 +341,7 @@ def run_one(spec: RunSpec, a: argparse.Namespace, work: Path, records: list[dict
         if spec.init_from:  # a warm start: the named row's stage 1 counts toward this row's budget
             src, stages = _stage1_of(spec.key, spec.init_from, work, records)
             init = ["--init-routers", src]
-            conditions["init_steps"] = stages[-1][0]["steps"]
+            init_steps = stages[-1][0]["steps"]
         stage1 = work / spec.key / "stage1"
         stages.append(run_stage(stage1, calibrate_args(spec, a, stage1) + init, trained))
     ckpt = stage1
@@ -348,8 +349,7 @@ def run_one(spec: RunSpec, a: argparse.Namespace, work: Path, records: list[dict
         ckpt = work / spec.key / "lora"
         stages.append(run_stage(ckpt, finetune_args(spec, a, stage1, ckpt), True))
     row, eval_s = evaluate(a, ckpt)
-    rec = make_record(spec, row, stages, eval_s, ckpt, **conditions)
-    return rec
+    return make_record(spec, row, stages, eval_s, ckpt, **conditions, init_steps=init_steps)
 
 
 # ------------------------------------------------------------------------------- concurrent rows
