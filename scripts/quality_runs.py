@@ -312,7 +312,9 @@ def _stage1_of(key: str, name: str, work: Path, records: list[dict]) -> tuple[Pa
     commands = src.get("commands") or ["(stage 1 of " + name + ")"]
     if not src.get("init_from"):
         return stage1, [(done, commands[0], 0.0)]
-    # commands: the source's own source(s) first, its stage 1 last (a warm start has no LoRA stage of its own here)
+    if src.get("lora_steps"):  # its record's budget includes a LoRA stage that this row does not start from
+        raise SystemExit(f"{key}: {name!r} is a warm start with LoRA: name a warm start without lora_steps")
+    # commands: the source's own source(s) first, its stage 1 last
     whole = done | {
         "steps": src["steps"] + src["init_steps"],
         "tokens": src["tokens"],

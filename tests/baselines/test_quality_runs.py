@@ -269,6 +269,29 @@ def test_plot_series_and_file(tmp_path):
     assert out.is_file() and out.stat().st_size > 1000
 
 
+def test_warm_start_sources_bring_their_budget(tmp_path):
+    """A source row that was itself warm-started counts its whole chain; one with LoRA is refused (its record's
+    budget includes a stage this row does not start from)."""
+    stage1 = tmp_path / "w" / "stage1"
+    stage1.mkdir(parents=True)
+    (stage1 / "wide_config.json").write_text(
+        json.dumps({"training": {"stage": "calibration", "steps": 3, "tokens": 30}})
+    )
+    plain = {"name": "w", "status": "done", "commands": ["c1"], "steps": 3, "tokens": 30}
+    path, stages = qr._stage1_of("x", "w", tmp_path, [plain])
+    assert path == stage1 and stages == [({"stage": "calibration", "steps": 3, "tokens": 30}, "c1", 0.0)]
+    warm = plain | {"init_from": "v", "init_steps": 4, "tokens": 70, "gpu_minutes": 2.0, "commands": ["c0", "c1"]}
+    _, stages = qr._stage1_of("x", "w", tmp_path, [warm])
+    assert [c for _, c, _ in stages] == ["c0", "c1"] and stages[0][0] == {}
+    assert {k: stages[-1][0][k] for k in ("steps", "tokens", "wall_time_s")} == {
+        "steps": 7,
+        "tokens": 70,
+        "wall_time_s": 120.0,
+    }
+    with pytest.raises(SystemExit, match="a warm start with LoRA"):
+        qr._stage1_of("x", "w", tmp_path, [warm | {"lora_steps": 2}])
+
+
 def test_budget_plot_rows_labels_and_goals(tmp_path):
     def rec(name, target, tokens, ppl, **kw):
         base = {"name": name, "method": "wide", "target": target, "tokens": tokens, "wikitext_word_ppl": ppl}
