@@ -232,6 +232,8 @@ def main() -> None:
     ap.add_argument("--kernels", default="qkv,attn,o,ffn,router")
     ap.add_argument("--budget-s", type=float, default=240.0)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (TRITON_INTERPRET=1)")
+    ap.add_argument("--grid", default=None, help="a JSON list of overrides that replaces every kernel's grid "
+                    "(then no second pass), e.g. '[{}, {\"attn_splits\": 32}]'")  # fmt: skip
     args = ap.parse_args()
     if args.smoke:
         globals().update(SMOKE)
@@ -292,13 +294,14 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     for name in args.kernels.split(","):
         make, grid = CASES[name]
+        grid = grid if args.grid is None else json.loads(args.grid)
         for b in (int(x) for x in args.batches.split(",")):
             for routed in (True,) if name == "router" else (False, True):
                 case = make(b, routed, gen)
                 cublas_ms = sum(time_calls(fns) for fns in case[4]) if case[4] else None
                 recs = [measure(name, b, routed, cfg, case, cublas_ms) for cfg in grid]
                 done = [r for r in recs if r and r.get("ms")]
-                if done:  # the weight-streaming loop's tile and pipeline depth, on the best configuration
+                if done and args.grid is None:  # the streaming loop's tile and pipeline depth, on the best config
                     top = min(done, key=lambda r: r["ms"])["tune"]
                     for st in STREAMS.get(name, STREAM):
                         measure(name, b, routed, dict(top, **st), case, cublas_ms)

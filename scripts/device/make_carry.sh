@@ -5,7 +5,7 @@
 #                           transformers, peft, pyarrow, pandas, scikit-learn, sacrebleu, ...: KINDS.md's list),
 #                           for CPython 3.12, installed there with --no-deps by setup.sh; gguf included
 #   .device-carry/data.tar.xz  the offline data root without tiny-shakespeare (~7 MiB)
-#   .device-carry/quality-work/  the quality sweep's seed from git (seed_work.sh; ~14 MiB)
+#   .device-carry/quality-work/  the quality sweep's seed (seed_work.sh: rows in the tree as names, rows from history ~4.7 MB each)
 # Pins: datasets 4.8.x accepts the image's huggingface-hub 1.x; dill / multiprocess / typepy / chardet at the
 # versions datasets and pytablewriter accept.
 set -euo pipefail

@@ -79,6 +79,13 @@ if compgen -G "$C/work.tar.*" >/dev/null; then
   done
   rm -rf "$x"
 fi
+# rows seeded from the shipped checkpoints in the tree (seed_work.sh): their stage 1 as shipped
+while read -r n ck; do
+  [ -e "$WORK/$n" ] && continue
+  mkdir -p "$WORK/$n/stage1"
+  cp "src/wide/checkpoints/$ck"/{routers.safetensors,wide_config.json,train_log.jsonl} "$WORK/$n/stage1/" &&
+    echo "$n: restored from src/wide/checkpoints/$ck"
+done < <(cat "$C/tree-rows.txt" 2>/dev/null)
 [ -f "$WORK/quality.json" ] || [ ! -f "$C/quality.json" ] || cp "$C/quality.json" "$WORK/"
 [ -f "$WORK/quality.json" ] && cp "$WORK/quality.json" "$OUT/quality.json"
 

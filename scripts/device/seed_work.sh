@@ -6,9 +6,10 @@
 #   wide-50-long            smollm2-135m-s50 as shipped until 62ca804 (git 839dbe2: the 4,000-step routers)
 #   wide-50-long-warm-kllm  src/wide/checkpoints/smollm2-135m-s50 (shipped since)
 # and the records file bench/results/smollm2/quality-h200.json; quality.sh restores both from
-# .device-carry/quality-work/ and skips every row with a finished record.
-#   ROWS="NAME ..."   seed only these rows (default: all three; each ~4.7 MB, and a call carries 64 MiB with the
-#                     ~40 MiB tree: beside evalwhl, at most two)
+# .device-carry/quality-work/ and skips every row with a finished record. A row whose checkpoint is in the
+# tree travels as one line of tree-rows.txt (quality.sh copies it from src/wide/checkpoints/); a row from
+# history as work.tar.00 (~4.7 MB a row: a call carries 64 MiB with the ~40 MiB tree and evalwhl).
+#   ROWS="NAME ..."   seed only these rows (default: all three)
 #   DROP=NAME[,NAME]  records removed first, so that those rows run again (e.g. a LoRA row whose adapter
 #                     never came back)
 # Usage (repo root, this machine): ROWS=... DROP=... bash scripts/device/seed_work.sh
@@ -19,6 +20,11 @@ rm -rf "$Q" && mkdir -p "$Q"
 ROWS=${ROWS:-wide-25-long wide-50-long wide-50-long-warm-kllm}
 seed() {  # seed ROW GIT_REV CHECKPOINT_NAME, if ROWS names it
   case " $ROWS " in *" $1 "*) ;; *) return 0 ;; esac
+  if [ "$2" = HEAD ]; then
+    git diff --quiet HEAD -- "src/wide/checkpoints/$3" || { echo "src/wide/checkpoints/$3 differs from HEAD" >&2; exit 1; }
+    echo "$1 $3" >>"$Q/tree-rows.txt"
+    return 0
+  fi
   mkdir -p "$T/$1/stage1"
   for f in routers.safetensors wide_config.json train_log.jsonl; do
     git show "$2:src/wide/checkpoints/$3/$f" >"$T/$1/stage1/$f"
@@ -27,7 +33,7 @@ seed() {  # seed ROW GIT_REV CHECKPOINT_NAME, if ROWS names it
 seed wide-25-long HEAD smollm2-135m-s25
 seed wide-50-long 839dbe2 smollm2-135m-s50
 seed wide-50-long-warm-kllm HEAD smollm2-135m-s50
-tar -cf "$Q/work.tar.00" -C "$T" $ROWS
+[ -z "$(ls "$T")" ] || tar -cf "$Q/work.tar.00" -C "$T" .
 rm -rf "$T"
 python3 - "$Q/quality.json" "${DROP:-}" <<'PY'
 import json, sys
