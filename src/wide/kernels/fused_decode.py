@@ -62,7 +62,6 @@ if HAS_TRITON:
     from ._triton_utils import pdl_begin
 
 MAX_BATCH = 16  # decode only: one 16-row tensor-core tile holds the batch
-_MERGE_ELEMS = 8192  # fp32 partials per load of the attention split merge (registers: ~32 per thread at 8 warps)
 
 
 @dataclass(frozen=True)
@@ -430,8 +429,8 @@ if HAS_TRITON:
         qk_scale, LEN_ADD,
         s_kb, s_ks, s_kh, s_vb, s_vs, s_vh,
         HQ: tl.constexpr, HK: tl.constexpr, HPG_P: tl.constexpr, HEAD_D: tl.constexpr,
-        BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, NS_P: tl.constexpr, HPG_M: tl.constexpr,
-        NS_C: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
+        BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, NS_P: tl.constexpr, PREC: tl.constexpr,
+        PDL: tl.constexpr,
     ):  # fmt: skip
         """One program per (token b, KV group g, split): online softmax over its slice of the cache;
         the last split of (b, g) to arrive merges the splits' partials by log-sum-exp in split order.
@@ -488,31 +487,23 @@ if HAS_TRITON:
             tl.store(op_ptr + row[:, None] * HEAD_D + offs_d[None, :], out, mask=hmask[:, None])
             tl.store(lse_ptr + row, lse, mask=hmask)
             if arrive(cnt_ptr + bg, NUM_SPLITS):  # merge: weights from every split's LSE, then a fixed-order sum
-                # every split's partials in NS_C-wide loads (a few L2 round trips, not one per split); the
-                # sum order (a tree inside a chunk, chunks in split order) is fixed by the compiled code
-                hm = tl.arange(0, HPG_M)
-                hmm = hm < HPG
-                rows = (bg * HPG_P + hm) * NUM_SPLITS  # [HPG_M]
                 ss = tl.arange(0, NS_P)
-                lses = tl.load(lse_ptr + rows[:, None] + ss[None, :], mask=hmm[:, None] & (ss < NUM_SPLITS)[None, :],
-                               other=float("-inf"), cache_modifier=".cg")  # fmt: skip
+                lses = tl.load(lse_ptr + (bg * HPG_P + hh)[:, None] * NUM_SPLITS + ss[None, :],
+                               mask=hmask[:, None] & (ss < NUM_SPLITS)[None, :], other=float("-inf"),
+                               cache_modifier=".cg")  # fmt: skip
                 mx = tl.max(lses, 1)
                 mx = tl.where(mx > float("-inf"), mx, 0.0)
                 tot = tl.sum(tl.where(lses > float("-inf"), tl.math.exp2(lses - mx[:, None]), 0.0), 1)
                 inv = 1.0 / tl.where(tot > 0, tot, 1.0)
-                merged = tl.zeros([HPG_M, HEAD_D], tl.float32)
-                for c0 in tl.static_range(0, NS_P, NS_C):
-                    sc = c0 + tl.arange(0, NS_C)
-                    cm = hmm[:, None] & (sc < NUM_SPLITS)[None, :]  # [HPG_M, NS_C]
-                    rw = rows[:, None] + sc[None, :]
-                    ls = tl.load(lse_ptr + rw, mask=cm, other=float("-inf"), cache_modifier=".cg")
-                    wgt = tl.where(ls > float("-inf"), tl.math.exp2(ls - mx[:, None]), 0.0) * inv[:, None]
-                    part = tl.load(op_ptr + rw[:, :, None] * HEAD_D + offs_d[None, None, :], mask=cm[:, :, None],
-                                   other=0.0, cache_modifier=".cg")  # fmt: skip
-                    # part: [HPG_M, NS_C, HEAD_D]
-                    merged += tl.sum(part * wgt[:, :, None], 1)
-                om = o_ptr + (b64 * HQ + g * HPG + hm)[:, None] * HEAD_D + offs_d[None, :]
-                tl.store(om, merged.to(o_ptr.dtype.element_ty), mask=hmm[:, None])
+                merged = tl.zeros([HPG_P, HEAD_D], tl.float32)
+                for sp in range(0, NUM_SPLITS):
+                    rw = (bg * HPG_P + hh) * NUM_SPLITS + sp
+                    ls = tl.load(lse_ptr + rw, mask=hmask, other=float("-inf"), cache_modifier=".cg")
+                    wgt = tl.where(ls > float("-inf"), tl.math.exp2(ls - mx), 0.0) * inv
+                    part = tl.load(op_ptr + rw[:, None] * HEAD_D + offs_d[None, :], mask=hmask[:, None], other=0.0,
+                                   cache_modifier=".cg")  # fmt: skip
+                    merged += part * wgt[:, None]
+                tl.store(o_ptrs, merged.to(o_ptr.dtype.element_ty), mask=hmask[:, None])
 
     @triton.jit
     def _o_kernel(
@@ -837,13 +828,11 @@ def _attn_op(
     bn = 128 if k_cache.shape[1] > 512 * ns else 64
     bn, nw, st = (16, 4, 1) if not q.is_cuda else (bn, 8 if hd >= 128 else 4, 3)
     bn, nw = _ov("attn_block_n", bn), _ov("attn_warps", nw)
-    ns_p, hpg_m = next_pow2(ns), next_pow2(hq // hk)
     _attn_kernel[(b * hk, ns)](
         q, k_cache, v_cache, lens, mask.view(torch.uint8), o, op, lse, cnt,
         _LOG2E / math.sqrt(hd), int(len_add),
         *k_cache.stride()[:3], *v_cache.stride()[:3],
-        HQ=hq, HK=hk, HPG_P=hpg_p, HEAD_D=hd, BLOCK_N=bn, NUM_SPLITS=ns, NS_P=ns_p, HPG_M=hpg_m,
-        NS_C=min(ns_p, max(1, _MERGE_ELEMS // (hpg_m * hd))), PREC=_prec(q),
+        HQ=hq, HK=hk, HPG_P=hpg_p, HEAD_D=hd, BLOCK_N=bn, NUM_SPLITS=ns, NS_P=next_pow2(ns), PREC=_prec(q),
         num_warps=nw, num_stages=st, **pdl_launch(q),
     )  # fmt: skip
     return o
