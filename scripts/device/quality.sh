@@ -68,25 +68,7 @@ p(); r = data_dir() / 'redpajama' / 'sample_redpajama'; assert r.is_dir(), f'{r}
   exit 4
 }
 
-# a fresh machine: the carried rows and records (a warm machine keeps its own, which are newer)
-if compgen -G "$C/work.tar.*" >/dev/null; then
-  x=$(mktemp -d)
-  cat "$C"/work.tar.* | tar -xf - -C "$x"
-  for d in "$x"/*; do
-    [ -e "$d" ] || continue
-    n=$(basename "$d")
-    [ -e "$WORK/$n" ] || { mv "$d" "$WORK/" && echo "$n: restored from $C"; }
-  done
-  rm -rf "$x"
-fi
-# rows seeded from the shipped checkpoints in the tree (seed_work.sh): their stage 1 as shipped
-while read -r n ck; do
-  [ -e "$WORK/$n" ] && continue
-  mkdir -p "$WORK/$n/stage1"
-  cp "src/wide/checkpoints/$ck"/{routers.safetensors,wide_config.json,train_log.jsonl} "$WORK/$n/stage1/" &&
-    echo "$n: restored from src/wide/checkpoints/$ck"
-done < <(cat "$C/tree-rows.txt" 2>/dev/null)
-[ -f "$WORK/quality.json" ] || [ ! -f "$C/quality.json" ] || cp "$C/quality.json" "$WORK/"
+WORK=$WORK bash scripts/device/restore_work.sh
 [ -f "$WORK/quality.json" ] && cp "$WORK/quality.json" "$OUT/quality.json"
 
 tests=""

@@ -12,9 +12,12 @@
 #   ROWS="NAME ..."   seed only these rows (default: all three)
 #   DROP=NAME[,NAME]  records removed first, so that those rows run again (e.g. a LoRA row whose adapter
 #                     never came back)
+#   FROM=DIR KEEP="NAME ..."  also these rows from a run's returned parts (DIR/work.tar.*: an interrupted row's
+#                     latest checkpoint, which the next machine resumes)
+#   SEED_OUT=DIR      write there instead of .device-carry/quality-work (tests)
 # Usage (repo root, this machine): ROWS=... DROP=... bash scripts/device/seed_work.sh
 set -eu
-Q=.device-carry/quality-work
+Q=${SEED_OUT:-.device-carry/quality-work}
 T=$(mktemp -d)
 rm -rf "$Q" && mkdir -p "$Q"
 ROWS=${ROWS:-wide-25-long wide-50-long wide-50-long-warm-kllm}
@@ -33,6 +36,11 @@ seed() {  # seed ROW GIT_REV CHECKPOINT_NAME, if ROWS names it
 seed wide-25-long HEAD smollm2-135m-s25
 seed wide-50-long 839dbe2 smollm2-135m-s50
 seed wide-50-long-warm-kllm HEAD smollm2-135m-s50
+if [ -n "${FROM:-}" ]; then
+  for n in ${KEEP:?name the rows to keep from FROM}; do
+    cat "$FROM"/work.tar.* | tar -xf - -C "$T" "$n" || { echo "$n is not in $FROM/work.tar.*" >&2; exit 1; }
+  done
+fi
 [ -z "$(ls "$T")" ] || tar -cf "$Q/work.tar.00" -C "$T" .
 rm -rf "$T"
 python3 - "$Q/quality.json" "${DROP:-}" <<'PY'

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sourced at the start of every GPU-machine call: assembles the SmolLM2 GGUF (carried in parts, one per
 # call: .device-carry/smol.part.aa, .ab, ... from gguf_parts.sh), installs carried wheels, unpacks the
-# offline data.
+# offline data, restores carried quality work (restore_work.sh).
 # Leaves WIDE_SMOLLM2_GGUF, WIDE_DATA and PYTHONPATH exported.
 C=$HOME/.cache/wide
 mkdir -p "$C"
@@ -21,6 +21,7 @@ W=.device-carry/evalwhl; [ -d "$W" ] || W=.device-carry/whl
 [ -d "$W" ] && [ ! -d "$C/site/gguf" -o ! -d "$C/site/lm_eval" ] && \
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$C/site" "$W"/*.whl 2>&1 | grep -v WARN
 [ -f .device-carry/data.tar.xz ] && [ ! -d "$C/data" ] && tar -xJf .device-carry/data.tar.xz -C "$C"
+bash scripts/device/restore_work.sh  # carried quality rows and records -> $HOME/quality (once)
 export WIDE_SMOLLM2_GGUF=$G WIDE_DATA=$C/data WIDE_CACHE=$C
 export PYTHONPATH=$PWD/src:$C/site:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
