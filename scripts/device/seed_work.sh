@@ -5,10 +5,10 @@
 #   wide-25-long            src/wide/checkpoints/smollm2-135m-s25
 #   wide-50-long            smollm2-135m-s50 as shipped until 62ca804 (git 839dbe2: the 4,000-step routers)
 #   wide-50-long-warm-kllm  src/wide/checkpoints/smollm2-135m-s50 (shipped since)
-# and the records file bench/results/smollm2/quality-h200.json; quality.sh restores both from
-# .device-carry/quality-work/ and skips every row with a finished record. A row whose checkpoint is in the
-# tree travels as one line of tree-rows.txt (quality.sh copies it from src/wide/checkpoints/); a row from
-# history as work.tar.00 (~4.7 MB a row: a call carries 64 MiB with the ~40 MiB tree and evalwhl).
+# and the records file bench/results/smollm2/quality-h200.json; restore_work.sh (run by setup.sh and quality.sh)
+# restores both from .device-carry/quality-work/ and quality.sh skips every row with a finished record. A row
+# whose checkpoint is in the tree travels as one line of tree-rows.txt (restored from src/wide/checkpoints/); a
+# row from history as work.tar.00 (~4.7 MB a row: a call carries 64 MiB with the ~40 MiB tree and evalwhl).
 #   ROWS="NAME ..."   seed only these rows (default: all three)
 #   DROP=NAME[,NAME]  records removed first, so that those rows run again (e.g. a LoRA row whose adapter
 #                     never came back)
