@@ -59,7 +59,6 @@ WORK=${WORK:-$HOME/quality}
 # Rows share one GPU: a trained row peaks near 18 GB, an evaluation at batch 32 asks for 12 GB more at once;
 # 8 rows at a time ran out of memory and trained no faster in total than 3 (docs/results.md, quality sweep)
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
-C=.device-carry/quality-work
 mkdir -p "$WORK" "$OUT/quality-work"
 python3 -c "import gguf; from wide.model.loading import smollm2_gguf_path as p; from wide.paths import data_dir
 p(); r = data_dir() / 'redpajama' / 'sample_redpajama'; assert r.is_dir(), f'{r} missing (calibration text)'" || {
