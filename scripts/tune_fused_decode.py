@@ -4,9 +4,8 @@
 
 Llama-3.1-8B layer shapes (D 4,096, Hq 32, Hk 8, d 128, D' 14,336, FFN groups of 128), bf16, random
 weights. For each kernel (QKV + RoPE + cache write, decode attention over CTX cached keys, O + residual +
-norm, the FFN in one launch and as two (``ffn2``); the router of rank 32 over the FFN's groups) and each launch
-configuration (``wide.kernels.fused_decode.launch_overrides``; the router: ``router_decisions(config=...)``), B 1
-and 16,
+norm, the FFN; the router of rank 32 over the FFN's groups) and each launch configuration
+(``wide.kernels.fused_decode.launch_overrides``; the router: ``router_decisions(config=...)``), B 1 and 16,
 dense (no mask) and routed (each token runs a random half of the groups): the time per call
 (``wide.bench.timing.time_calls``: a CUDA graph of back-to-back calls on rotated weight copies larger than
 L2), the bytes of weights the call reads (groups no token runs are not read) and the TB/s that makes;
@@ -61,11 +60,6 @@ FFN = [
         )  # fmt: skip
     ),
 ]
-# the FFN as two launches (ffn_swiglu, then down + residual + norm through O's kernel): ffn_chunk for the
-# first, o_block_n / o_splits for the second
-FFN2 = [{}, *({"ffn_chunk": c, "o_block_n": n, "o_splits": k} for c, n, k in
-              ((32, 32, 1), (32, 32, 2), (32, 32, 4), (32, 32, 8), (32, 64, 1), (32, 64, 2), (32, 64, 4),
-               (16, 32, 2), (64, 32, 2), (128, 32, 2)))]  # fmt: skip
 ATTN = [{}, *({"attn_splits": s, "attn_block_n": n} for s, n in
                 ((8, 128), (16, 64), (32, 128), (32, 64), (48, 64), (64, 64), (64, 32), (128, 32)))]  # fmt: skip
 ATTN_WARPS = [{"attn_warps": w} for w in (2, 4, 8)]
@@ -146,7 +140,7 @@ def o_case(b: int, routed: bool, gen: torch.Generator):
     return call, len(w), check, D * k * 2 * active, dense, D * k * 2
 
 
-def ffn_case(b: int, routed: bool, gen: torch.Generator, two_launches: bool = False):
+def ffn_case(b: int, routed: bool, gen: torch.Generator):
     wg = torch.randn(DF, D, device=DEV, dtype=DTYPE) * D**-0.5
     wu = torch.randn(DF, D, device=DEV, dtype=DTYPE) * D**-0.5
     wd = torch.randn(D, DF, device=DEV, dtype=DTYPE) * DF**-0.5
@@ -158,9 +152,6 @@ def ffn_case(b: int, routed: bool, gen: torch.Generator, two_launches: bool = Fa
     a = torch.randn(b, DF, device=DEV, dtype=DTYPE)
 
     def call(i: int):
-        if two_launches:
-            a, active = FD.ffn_swiglu(h, wg, wu, mask, G)
-            return FD.o_proj_residual_norm(a, wd, None, mask, x, nw, 1e-5, None if mask is None else active)
         return FD.ffn_residual_norm(h, wg, wu, wd, mask, x, nw, 1e-5, G)
 
     def check(out):
@@ -228,7 +219,6 @@ CASES = {
     "attn": (attn_case, ATTN),
     "o": (o_case, O_PROJ),
     "ffn": (ffn_case, FFN),
-    "ffn2": (lambda b, routed, gen: ffn_case(b, routed, gen, two_launches=True), FFN2),
     "router": (router_case, ROUTER),
 }
 # the second pass, on the best configuration (default: STREAM)

@@ -169,22 +169,6 @@ def test_ffn_residual_norm(kernel_device, df, g, b, mode, bias):
     torch.testing.assert_close(hn.cpu(), hr, rtol=1e-5, atol=1e-5)
     xo2, hn2 = FD.ffn_residual_norm(*args, 1e-5, g, dbd)  # deterministic, and the counters were left at 0
     assert torch.equal(xo, xo2) and torch.equal(hn, hn2)
-    # the same FFN as two launches: SwiGLU, then down + residual + norm through O's kernel
-    dh, dwg, dwu, dwd, dmask, dx, dnw = args
-    for compact in (0, 1):  # producers in group order / the running groups first
-        with FD.launch_overrides(compact=compact):
-            a, act = FD.ffn_swiglu(dh, dwg, dwu, dmask, g)
-            run = slice(None) if mask is None else mask.any(0).repeat_interleave(g)  # unread channels: unspecified
-            ref_a = FD.ffn_swiglu_ref(h, wg, wu, mask)
-            torch.testing.assert_close(a.cpu()[:, run], ref_a[:, run], rtol=1e-5, atol=1e-5)
-            if mask is not None:  # the running groups, counted and listed ascending
-                groups = mask.any(0).nonzero().flatten().tolist()
-                assert act.cpu().tolist()[: 1 + len(groups)] == [len(groups), *groups]
-            # down + residual + norm through O's kernel; with the list, the K splits share the running groups
-            for active in (None, act if mask is not None else None):
-                xo3, hn3 = FD.o_proj_residual_norm(a, dwd, dbd, dmask, dx, dnw, 1e-5, active)
-                torch.testing.assert_close(xo3.cpu(), xr, rtol=1e-5, atol=1e-5)
-                torch.testing.assert_close(hn3.cpu(), hr, rtol=1e-5, atol=1e-5)
 
 
 def test_router_on_the_kernels_h_is_router_decisions(kernel_device):
@@ -212,8 +196,6 @@ def test_rejects_bad_input():
                                    torch.ones(2, 1, dtype=torch.bool))  # fmt: skip
     with pytest.raises(ValueError, match="multiple of 16"):
         FD.ffn_residual_norm(h, torch.randn(24, 8), torch.randn(24, 8), torch.randn(8, 24), None, h, h[0], 1e-5, 12)
-    with pytest.raises(ValueError, match="multiple of 16"):
-        FD.ffn_swiglu(h, torch.randn(24, 8), torch.randn(24, 8), None, 12)
 
 
 # ------------------------------------------------------------------ GPU (bf16, Llama-like shapes)
@@ -234,9 +216,6 @@ def test_ffn_bf16_rule_on_gpu(b, mode):
     ref_lp = FD.ffn_residual_norm_ref(*lp, mask, x.bfloat16(), nw.bfloat16(), 1e-5)[0]
     out = FD.ffn_residual_norm(*lp, mask, x.bfloat16(), nw.bfloat16(), 1e-5, g)[0]
     assert_close_to_ref(out, ref32, ref_lp)
-    a, act = FD.ffn_swiglu(lp[0], lp[1], lp[2], mask, g)  # the two-launch FFN
-    out2 = FD.o_proj_residual_norm(a, lp[3], None, mask, x.bfloat16(), nw.bfloat16(), 1e-5, act)[0]
-    assert_close_to_ref(out2, ref32, ref_lp)
 
 
 @gpu

@@ -86,12 +86,11 @@ class LaunchOverrides:
     attn_splits: int | None = None
     attn_block_n: int | None = None
     attn_warps: int | None = None
-    compact: int | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
-            if v is not None and (not isinstance(v, int) or v < (0 if f.name == "compact" else 1)):
+            if v is not None and (not isinstance(v, int) or v < 1):
                 raise ValueError(f"launch override {f.name} must be a positive int, got {v!r}")
             pow2 = f.name.endswith("_splits") and f.name != "attn_splits" or f.name == "attn_block_n"
             if v is not None and pow2 and v & (v - 1):
@@ -188,17 +187,6 @@ def o_proj_residual_norm_ref(
     return xn, rms_norm_ref(xn, norm_w, eps)
 
 
-def ffn_swiglu_ref(
-    h: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, mask: torch.Tensor | None
-) -> torch.Tensor:
-    """h [B, D]; mask [B, G] bool or None (dense) -> silu(gate h) * up h [B, D'], zero in the channels of
-    the groups a token skips."""
-    a = F.silu(F.linear(h, w_gate)) * F.linear(h, w_up)  # [B, D']
-    if mask is not None:
-        a = a * mask.repeat_interleave(w_gate.shape[0] // mask.shape[1], dim=-1).to(a.dtype)
-    return a
-
-
 def ffn_residual_norm_ref(
     h: torch.Tensor,
     w_gate: torch.Tensor,
@@ -212,7 +200,10 @@ def ffn_residual_norm_ref(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """h, x [B, D]; mask [B, G] bool or None (dense) -> (x + down(silu(gate h) * up h) (+ bias [D], added
     after the projection's rounding) with the channels of skipped groups zero, rms_norm of it)."""
-    y = F.linear(ffn_swiglu_ref(h, w_gate, w_up, mask), w_down)
+    a = F.silu(F.linear(h, w_gate)) * F.linear(h, w_up)  # [B, D']
+    if mask is not None:
+        a = a * mask.repeat_interleave(w_gate.shape[0] // mask.shape[1], dim=-1).to(a.dtype)
+    y = F.linear(a, w_down)
     if bias is not None:
         y = y + bias
     xn = x + y
@@ -527,11 +518,10 @@ if HAS_TRITON:
         ss_ptr,  # [n_tiles, BM] fp32: each tile's sum of squares per row
         part_ptr,  # [KS, n_tiles, BM, BLOCK_N] fp32 split partials (KS > 1) or dummy
         cnt_ptr,  # n_tiles + 1 counters: splits arrived per tile, tiles done
-        act_ptr,  # [1 + NG] int32 running groups (COMPACT) or dummy
         B, D, K, NG, G, K_CHUNK, eps,
-        KS: tl.constexpr, ROUTED: tl.constexpr, COMPACT: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr,
-        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, T_P: tl.constexpr, RB: tl.constexpr, NB: tl.constexpr,
-        PREC: tl.constexpr, PDL: tl.constexpr,
+        KS: tl.constexpr, ROUTED: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr, T_P: tl.constexpr, RB: tl.constexpr, NB: tl.constexpr, PREC: tl.constexpr,
+        PDL: tl.constexpr,
     ):  # fmt: skip
         """One program per (BLOCK_N output columns, K split of K_CHUNK): the last split of a tile to arrive
         adds bias and residual; the last tile to finish normalises the new residual rows."""
@@ -545,18 +535,8 @@ if HAS_TRITON:
         offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         in_n = offs_n < D
         acc = tl.zeros([BM, BLOCK_N], tl.float32)
-        if COMPACT:  # split s: an equal share of the running groups' steps (act, ``_write_active``)
-            n_act = tl.load(act_ptr)
-            spg = G // BLOCK_K
-            s = pid % KS
-            for t in range(s * n_act // KS * spg, (s + 1) * n_act // KS * spg):
-                offs_k = tl.load(act_ptr + 1 + t // spg) * G + (t % spg) * BLOCK_K + tl.arange(0, BLOCK_K)
-                a = tl.load(o_ptr + offs_m[:, None] * K + offs_k[None, :], mask=in_m[:, None], other=0.0)
-                w = tl.load(w_ptr + offs_n.to(tl.int64)[:, None] * K + offs_k[None, :], mask=in_n[:, None], other=0.0)
-                acc = tl.dot(a, tl.trans(w), acc, input_precision=PREC)
-        else:
-            acc = _routed_k_loop(acc, o_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k_lo, tl.minimum(k_lo + K_CHUNK, K),
-                                 K, mask_ptr, B, NG, G, ROUTED, BM, BLOCK_K, PREC, False)  # fmt: skip
+        acc = _routed_k_loop(acc, o_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k_lo, tl.minimum(k_lo + K_CHUNK, K), K,
+                             mask_ptr, B, NG, G, ROUTED, BM, BLOCK_K, PREC, False)  # fmt: skip
         last = True
         if KS > 1:
             last, acc = _split_k_sum(acc, part_ptr, cnt_ptr, tile, n_tiles, pid % KS, KS, BM, BLOCK_N)
@@ -581,84 +561,6 @@ if HAS_TRITON:
         done = tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu")
         while done < n:
             done = tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu")
-
-    @triton.jit
-    def _active_cumsum(mask_ptr, B, NG, BM: tl.constexpr, NG_P: tl.constexpr):
-        """(the number of groups some token b < B runs, their running count cums [NG_P]: group g is the
-        (cums[g] - 1)-th running group when it runs) from mask [B, NG] uint8."""
-        offs_m = tl.arange(0, BM)
-        offs_g = tl.arange(0, NG_P)
-        m = tl.load(mask_ptr + offs_m[:, None] * NG + offs_g[None, :],
-                    mask=(offs_m < B)[:, None] & (offs_g < NG)[None, :], other=0)  # fmt: skip
-        on = tl.max(m.to(tl.int32), 0)
-        cums = tl.cumsum(on, 0)
-        return tl.sum(on, 0), cums
-
-    @triton.jit
-    def _write_active(act_ptr, cums, n_act, NG, NG_P: tl.constexpr):
-        """act [1 + NG] int32: act[0] = n_act, act[1 + i] = the i-th running group (ascending)."""
-        offs_g = tl.arange(0, NG_P)
-        prev = tl.where(offs_g > 0, tl.gather(cums, tl.maximum(offs_g - 1, 0), 0), 0)
-        tl.store(act_ptr + cums, offs_g, mask=(cums > prev) & (offs_g < NG))
-        tl.store(act_ptr, n_act)
-
-    @triton.jit
-    def _swiglu_chunk(h_ptr, wg_ptr, wu_ptr, mask_ptr, a_ptr, g, c, B, D, DF, NG, G, CH: tl.constexpr,
-                      ROUTED: tl.constexpr, BM: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
-        """a[:, chunk c of group g] = silu(h Wg^T) * (h Wu^T) (a: [B, DF]), each product rounded to the model
-        dtype as F.linear / F.silu round it; zero for the tokens that skip g. Writes nothing when no token
-        runs g (its readers skip the group)."""
-        offs_m = tl.arange(0, BM)
-        in_m = offs_m < B
-        dt = a_ptr.dtype.element_ty
-        run = True
-        if ROUTED:
-            run = _any_row(mask_ptr, g, B, NG, BM)
-        if run:
-            offs_c = g * G + c * CH + tl.arange(0, CH)
-            in_c = offs_c < (g + 1) * G
-            acc_g = tl.zeros([BM, CH], tl.float32)
-            acc_u = tl.zeros([BM, CH], tl.float32)
-            for k0 in range(0, D, BLOCK_K):
-                offs_k = k0 + tl.arange(0, BLOCK_K)
-                in_k = offs_k < D
-                a = tl.load(h_ptr + offs_m[:, None] * D + offs_k[None, :], mask=in_m[:, None] & in_k[None, :],
-                            other=0.0)  # fmt: skip
-                wmask = in_c[:, None] & in_k[None, :]
-                wg = tl.load(wg_ptr + offs_c.to(tl.int64)[:, None] * D + offs_k[None, :], mask=wmask, other=0.0)
-                wu = tl.load(wu_ptr + offs_c.to(tl.int64)[:, None] * D + offs_k[None, :], mask=wmask, other=0.0)
-                acc_g = tl.dot(a, tl.trans(wg), acc_g, input_precision=PREC)
-                acc_u = tl.dot(a, tl.trans(wu), acc_u, input_precision=PREC)
-            gv = acc_g.to(dt).to(tl.float32)  # F.linear outputs in the model dtype
-            uv = acc_u.to(dt).to(tl.float32)
-            sg = (gv / (1.0 + tl.exp(-gv))).to(dt).to(tl.float32)  # F.silu in the model dtype
-            av = sg * uv
-            if ROUTED:
-                tok = tl.load(mask_ptr + offs_m * NG + g, mask=in_m, other=0).to(tl.int32)
-                av = tl.where(tok[:, None] > 0, av, 0.0)
-            tl.store(a_ptr + offs_m[:, None] * DF + offs_c[None, :], av.to(dt), mask=in_m[:, None] & in_c[None, :])
-
-    @triton.jit
-    def _swiglu_kernel(h_ptr, wg_ptr, wu_ptr, mask_ptr, a_ptr, act_ptr, B, D, DF, NG, G, CPG: tl.constexpr,
-                       CH: tl.constexpr, ROUTED: tl.constexpr, COMPACT: tl.constexpr, NG_P: tl.constexpr,
-                       BM: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
-        """The FFN's first launch when it runs as two (``ffn_swiglu``): one program per (group, channel chunk).
-        Routed: program 0 writes the list of groups some token runs to act (``_write_active``) for the down
-        projection; with COMPACT, program p takes chunk p % CPG of the (p // CPG)-th of them (the running work
-        first, spread evenly over the SMs; the programs past it exit)."""
-        pdl_begin(PDL)
-        pid = tl.program_id(0)
-        g = pid // CPG
-        if ROUTED:
-            n_act, cums = _active_cumsum(mask_ptr, B, NG, BM, NG_P)
-            if pid == 0:
-                _write_active(act_ptr, cums, n_act, NG, NG_P)
-            if COMPACT:
-                if g >= n_act:
-                    return
-                g = tl.sum((cums <= g).to(tl.int32), 0)  # the g-th running group: those whose running count <= g
-        _swiglu_chunk(h_ptr, wg_ptr, wu_ptr, mask_ptr, a_ptr, g, pid % CPG, B, D, DF, NG, G, CH, ROUTED, BM,
-                      BLOCK_K, PREC)  # fmt: skip
 
     @triton.jit
     def _ffn_kernel(
@@ -693,8 +595,32 @@ if HAS_TRITON:
         dt = xo_ptr.dtype.element_ty
         if ticket < n_prod:  # producer: a[:, chunk] = silu(h Wg^T) * (h Wu^T), zero where the group is skipped
             g = ticket // CPG
-            _swiglu_chunk(h_ptr, wg_ptr, wu_ptr, mask_ptr, a_ptr, g, ticket % CPG, B, D, DF, NG, G, CH, ROUTED, BM,
-                          BLOCK_K, PREC)  # fmt: skip
+            run = True
+            if ROUTED:
+                run = _any_row(mask_ptr, g, B, NG, BM)
+            if run:
+                offs_c = g * G + (ticket % CPG) * CH + tl.arange(0, CH)
+                in_c = offs_c < (g + 1) * G
+                acc_g = tl.zeros([BM, CH], tl.float32)
+                acc_u = tl.zeros([BM, CH], tl.float32)
+                for k0 in range(0, D, BLOCK_K):
+                    offs_k = k0 + tl.arange(0, BLOCK_K)
+                    in_k = offs_k < D
+                    a = tl.load(h_ptr + offs_m[:, None] * D + offs_k[None, :], mask=in_m[:, None] & in_k[None, :],
+                                other=0.0)  # fmt: skip
+                    wmask = in_c[:, None] & in_k[None, :]
+                    wg = tl.load(wg_ptr + offs_c.to(tl.int64)[:, None] * D + offs_k[None, :], mask=wmask, other=0.0)
+                    wu = tl.load(wu_ptr + offs_c.to(tl.int64)[:, None] * D + offs_k[None, :], mask=wmask, other=0.0)
+                    acc_g = tl.dot(a, tl.trans(wg), acc_g, input_precision=PREC)
+                    acc_u = tl.dot(a, tl.trans(wu), acc_u, input_precision=PREC)
+                gv = acc_g.to(dt).to(tl.float32)  # F.linear outputs in the model dtype
+                uv = acc_u.to(dt).to(tl.float32)
+                sg = (gv / (1.0 + tl.exp(-gv))).to(dt).to(tl.float32)  # F.silu in the model dtype
+                av = sg * uv
+                if ROUTED:
+                    tok = tl.load(mask_ptr + offs_m * NG + g, mask=in_m, other=0).to(tl.int32)
+                    av = tl.where(tok[:, None] > 0, av, 0.0)
+                tl.store(a_ptr + offs_m[:, None] * DF + offs_c[None, :], av.to(dt), mask=in_m[:, None] & in_c[None, :])
             tl.debug_barrier()
             tl.atomic_add(cnt_ptr + 1 + ((g + 1) * KS - 1) // NG, 1, sem="release", scope="gpu")  # g's split
         else:  # consumer (split-major tickets): columns [tile*BLOCK_N, ...) of split s's a Wd^T
@@ -926,7 +852,6 @@ def _o_op(
     x: torch.Tensor,
     norm_w: torch.Tensor,
     eps: float,
-    active: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if not use_triton(o):
         return o_proj_residual_norm_ref(o, wo, bo, x, norm_w, eps)
@@ -943,11 +868,10 @@ def _o_op(
     chunk = triton.cdiv(triton.cdiv(k, ks), bk) * bk  # a multiple of BLOCK_K: no step straddles a group
     ss = torch.empty(tiles * BLOCK_M, dtype=torch.float32, device=o.device)
     part = torch.empty(ks * tiles * BLOCK_M * bn if ks > 1 else 1, dtype=torch.float32, device=o.device)
-    compact = active is not None and mask is not None and bool(_ov("compact", 1))
     _o_kernel[(tiles * ks,)](
         o, wo, bo if bo is not None else o.new_empty(1), _u8(mask, o), x, xo, norm_w, h, ss, part,
-        tile_counters(o, tiles + 1), active if active is not None else _u8(None, o), b, d, k, ng, g, chunk, eps,
-        KS=ks, ROUTED=mask is not None, COMPACT=compact, HAS_BIAS=bo is not None, BM=BLOCK_M, BLOCK_N=bn,
+        tile_counters(o, tiles + 1), b, d, k, ng, g, chunk, eps,
+        KS=ks, ROUTED=mask is not None, HAS_BIAS=bo is not None, BM=BLOCK_M, BLOCK_N=bn,
         BLOCK_K=bk, T_P=next_pow2(tiles), **_norm_blocks(b, d, o), PREC=_prec(o), num_warps=nw,
         **_stages(o), **pdl_launch(o),
     )  # fmt: skip
@@ -955,7 +879,7 @@ def _o_op(
 
 
 @_o_op.register_fake
-def _(o, wo, bo, mask, x, norm_w, eps, active):
+def _(o, wo, bo, mask, x, norm_w, eps):
     return torch.empty_like(x), torch.empty_like(x)
 
 
@@ -1000,43 +924,6 @@ def _ffn_op(
 @_ffn_op.register_fake
 def _(h, w_gate, w_up, w_down, mask, x, norm_w, eps, group, bias):
     return torch.empty_like(x), torch.empty_like(x)
-
-
-def _active_ref(mask: torch.Tensor | None, ng: int) -> torch.Tensor:
-    """[1 + NG] int32: the number of groups some token runs, then those groups (ascending), then -1."""
-    act = torch.full((1 + ng,), -1, dtype=torch.int32, device=mask.device if mask is not None else "cpu")
-    if mask is not None:
-        run = mask.any(0).nonzero().flatten()
-        act[0], act[1 : 1 + run.numel()] = run.numel(), run.to(torch.int32)
-    return act
-
-
-@torch.library.custom_op("wide::fused_ffn_swiglu", mutates_args=())
-def _swiglu_op(
-    h: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, mask: torch.Tensor | None, group: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    ng = w_gate.shape[0] // group
-    if not use_triton(h):
-        return ffn_swiglu_ref(h, w_gate, w_up, mask), _active_ref(mask, ng).to(h.device)
-    b, d = h.shape
-    df = w_gate.shape[0]
-    ch = _ov("ffn_chunk", ffn_chunk(group, ng, _sms(h))) if h.is_cuda else 16
-    bk, nw = _gemv_blocks(h)
-    # groups no token runs stay unwritten: the down projection does not read them
-    a = torch.empty(b, df, dtype=h.dtype, device=h.device)
-    compact = mask is not None and bool(_ov("compact", 1))
-    act = torch.empty(1 + ng, dtype=torch.int32, device=h.device)
-    _swiglu_kernel[(ng * (group // ch),)](
-        h, w_gate, w_up, _u8(mask, h), a, act, b, d, df, ng, group, CPG=group // ch, CH=ch, ROUTED=mask is not None,
-        COMPACT=compact, NG_P=next_pow2(ng), BM=BLOCK_M, BLOCK_K=min(bk, next_pow2(d)), PREC=_prec(h),
-        num_warps=nw, **_stages(h), **pdl_launch(h),
-    )  # fmt: skip
-    return a, act
-
-
-@_swiglu_op.register_fake
-def _(h, w_gate, w_up, mask, group):
-    return h.new_empty((h.shape[0], w_gate.shape[0])), h.new_empty((1 + w_gate.shape[0] // group,), dtype=torch.int32)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1133,45 +1020,16 @@ def o_proj_residual_norm(
     x: torch.Tensor,
     norm_w: torch.Tensor,
     eps: float,
-    active: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One launch: (x + o Wo^T (+ bo), its RMSNorm times ``norm_w``); o [B, Hq d] is zero where a
-    (token, group) is skipped, and groups of ``mask`` [B, N_G] that no token runs are not read. ``active``
-    (``ffn_swiglu``'s list of the groups some token of ``mask`` runs): the K splits share those groups
-    evenly instead of each covering a fixed range of K."""
+    (token, group) is skipped, and groups of ``mask`` [B, N_G] that no token runs are not read."""
     _check_batch(o, "o")
     _check_batch(x, "x")
     check_dtype(o, wo, x, norm_w)
     if mask is not None and o.shape[1] % mask.shape[1]:
         raise ValueError(f"O's input width {o.shape[1]} is not a multiple of {mask.shape[1]} groups")
     _check_mask(mask, o.shape[0], mask.shape[1] if mask is not None else 0, "mask")
-    if active is not None and (mask is None or active.dtype != torch.int32 or active.shape != (1 + mask.shape[1],)):
-        raise ValueError("active must be ffn_swiglu's int32 [1 + N_G] list for the same mask")
-    return _o_op(o, wo, bo, mask, x, norm_w, float(eps), active)
-
-
-def _check_ffn(h: torch.Tensor, mask: torch.Tensor | None, group: int, *weights: tuple[str, torch.Tensor]) -> None:
-    _check_batch(h, "h")
-    check_dtype(h, *(w for _, w in weights))
-    df = weights[0][1].shape[0]
-    if group % 16 or df % group:
-        raise ValueError(f"FFN group size {group} must be a multiple of 16 dividing D' = {df}")
-    _check_mask(mask, h.shape[0], df // group, "mask")
-    for name, t in weights:
-        if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous")
-
-
-def ffn_swiglu(
-    h: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, mask: torch.Tensor | None, group: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One launch, the FFN's first half when it runs as two: h [B, D] -> (silu(gate h) * up h [B, D'], zero
-    where a token skips a group of ``mask`` [B, D'/group]; active [1 + D'/group] int32: the number of groups
-    some token runs, then those groups ascending). The channels of groups no token runs are left
-    unspecified, and so is ``active`` when ``mask`` is None; ``o_proj_residual_norm`` with the same mask and
-    ``active`` reads neither."""
-    _check_ffn(h, mask, group, ("w_gate", w_gate), ("w_up", w_up))
-    return _swiglu_op(h, w_gate, w_up, mask, int(group))
+    return _o_op(o, wo, bo, mask, x, norm_w, float(eps))
 
 
 def ffn_residual_norm(
@@ -1188,9 +1046,16 @@ def ffn_residual_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One launch: x + down(silu(gate h) * up h) (+ ``bias`` [D]) (channels of groups ``mask`` [B, D'/group]
     skips are zero, groups no token runs are not read) and its RMSNorm times ``norm_w``."""
-    _check_ffn(h, mask, group, ("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down))
+    _check_batch(h, "h")
     _check_batch(x, "x")
-    check_dtype(h, x, norm_w)
+    check_dtype(h, w_gate, w_up, w_down, x, norm_w)
+    df = w_gate.shape[0]
+    if group % 16 or df % group:
+        raise ValueError(f"FFN group size {group} must be a multiple of 16 dividing D' = {df}")
+    _check_mask(mask, h.shape[0], df // group, "mask")
+    for name, t in (("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down)):
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
     if bias is not None:
         check_dtype(h, bias)
         if bias.shape != (x.shape[1],):
