@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -85,6 +86,7 @@ def plot(records: list[dict], out: Path, goals: list[tuple[float, float, str]]) 
             if src in xy:
                 (x0, y0), (x1, y1) = xy[src], xy[r["name"]]
                 ax.plot([x0, x1], [y0, y1], color="grey", lw=0.7, alpha=0.6)
+        placed: list[tuple[float, float]] = []  # labelled points: a label near one goes below its point
         for lora, marker, colour in ((False, "o", "tab:blue"), (True, "s", "tab:orange")):
             sel = [r for r in rows if bool(r.get("lora_steps")) == lora]
             if not sel:
@@ -93,7 +95,10 @@ def plot(records: list[dict], out: Path, goals: list[tuple[float, float, str]]) 
                 x, y = xy[r["name"]]
                 distilled = r.get("distill", "none") != "none"
                 ax.plot(x, y, marker, color=colour, mfc=colour if distilled else "white", ms=7)
-                ax.annotate(steps_label(r), (x, y), textcoords="offset points", xytext=(6, 4), fontsize=7)
+                near = any(abs(math.log(x / px)) < 0.5 and abs(math.log(y / py)) < 0.06 for px, py in placed)
+                ax.annotate(steps_label(r), (x, y), textcoords="offset points", xytext=(6, -11 if near else 4),
+                            fontsize=7)  # fmt: skip
+                placed.append((x, y))
             ax.plot([], [], marker, color=colour, mfc="white", label="+ LoRA" if lora else "calibration only")
         for g_target, ratio, label in goals:
             if g_target == target:

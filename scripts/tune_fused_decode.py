@@ -2,18 +2,17 @@
 
     python scripts/tune_fused_decode.py --out $OUT        # -> $OUT/fused-tune-h200.json and .md
 
-Llama-3.1-8B layer shapes (D 4,096, Hq 32, Hk 8, d 128, D' 14,336, FFN groups of 128), bf16, random
-weights. For each kernel (QKV + RoPE + cache write, decode attention over CTX cached keys, O + residual +
-norm, the FFN; the router of rank 32 over the FFN's groups) and each launch configuration
-(``wide.kernels.fused_decode.launch_overrides``; the router: ``router_decisions(config=...)``), B 1 and 16,
-dense (no mask) and routed (each token runs a random half of the groups): the time per call
-(``wide.bench.timing.time_calls``: a CUDA graph of back-to-back calls on rotated weight copies larger than
-L2), the bytes of weights the call reads (groups no token runs are not read) and the TB/s that makes;
-cuBLAS's ``F.linear`` of the same matrices (dense; attention: SDPA on the same cache, transposed; the
-router: none) as the yardstick. Every configuration's output is checked against the fp32 reference before it
-is timed (bf16 rule: error <= 2x the bf16 torch path's, + 1e-5 of the scale); a failing one is recorded
-with ``err_ok: false`` and not timed. The fastest passing configuration per (kernel, B, routed) is
-listed in the .md.
+Llama-3.1-8B layer shapes (D 4,096, Hq 32, Hk 8, d 128, D' 14,336, FFN groups of 128), bf16, random weights. For
+each kernel (QKV + RoPE + cache write, decode attention over CTX cached keys, O + residual + norm, the FFN, its
+down projection alone through O's kernel (``down``); the router of rank 32 over the FFN's groups) and each launch
+configuration (``wide.kernels.fused_decode.launch_overrides``; the router: ``router_decisions(config=...)``), B 1
+and 16, dense (no mask) and routed (each token runs a random half of the groups): the time per call
+(``wide.bench.timing.time_calls``: a CUDA graph of back-to-back calls on rotated weight copies larger than L2), the
+bytes of weights the call reads (groups no token runs are not read) and the TB/s that makes; cuBLAS's ``F.linear``
+of the same matrices (dense; attention: SDPA on the same cache, transposed; the router: none) as the yardstick.
+Every configuration's output is checked against the fp32 reference before it is timed (bf16 rule: error <= 2x the
+bf16 torch path's, + 1e-5 of the scale); a failing one is recorded with ``err_ok: false`` and not timed. The
+fastest passing configuration per (kernel, B, routed) is listed in the .md.
 """
 
 from __future__ import annotations
@@ -117,13 +116,15 @@ def qkv_case(b: int, routed: bool, gen: torch.Generator):
     return call, len(w), check, nbytes, dense, (HQ + 2 * HK) * HD * D * 2
 
 
-def o_case(b: int, routed: bool, gen: torch.Generator):
-    k = HQ * HD
+def o_case(b: int, routed: bool, gen: torch.Generator, down: bool = False):
+    """O + residual + norm; ``down``: the same kernel on the FFN's down projection (K = D', the FFN's groups),
+    the second half of the FFN timed alone."""
+    k, ng = (DF, DF // G) if down else (HQ * HD, HK)
     w = [torch.randn(D, k, device=DEV, dtype=DTYPE) * k**-0.5 for _ in range(copies_for(D * k * 2))]
-    mask = rand_mask(b, HK, routed, gen)
+    mask = rand_mask(b, ng, routed, gen)
     o = torch.randn(b, k, device=DEV, dtype=DTYPE)
     if mask is not None:
-        o = o * mask.repeat_interleave(k // HK, dim=1)
+        o = o * mask.repeat_interleave(k // ng, dim=1)
     x = torch.randn(b, D, device=DEV, dtype=DTYPE)
     nw = torch.rand(D, device=DEV, dtype=DTYPE) + 0.5
 
@@ -219,6 +220,7 @@ CASES = {
     "attn": (attn_case, ATTN),
     "o": (o_case, O_PROJ),
     "ffn": (ffn_case, FFN),
+    "down": (lambda b, routed, gen: o_case(b, routed, gen, down=True), O_PROJ),
     "router": (router_case, ROUTER),
 }
 # the second pass, on the best configuration (default: STREAM)
