@@ -234,6 +234,8 @@ def main() -> None:
     ap.add_argument("--kernels", default="qkv,attn,o,ffn,router")
     ap.add_argument("--budget-s", type=float, default=240.0)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (TRITON_INTERPRET=1)")
+    ap.add_argument("--once", action="store_true", help="each configuration runs once, checked, not timed (for a "
+                    "profiler such as ncu, scripts/device/decode.sh NCU_S)")  # fmt: skip
     ap.add_argument("--grid", default=None, help="a JSON list of overrides that replaces every kernel's grid "
                     "(then no second pass), e.g. '[{}, {\"attn_splits\": 32}]'")  # fmt: skip
     args = ap.parse_args()
@@ -283,7 +285,7 @@ def main() -> None:
             with FD.launch_overrides(**({} if name == "router" else cfg)):
                 ok, err, base = check(call(0))
                 rec.update(err_ok=ok, err=err, torch_err=base)
-                if ok:
+                if ok and not args.once:
                     ms = time_calls([lambda i=i: call(i) for i in range(n_copies)])
                     rec.update(ms=ms, tb_per_s=nbytes / (ms * 1e-3) / 1e12)
         except Exception as exc:  # noqa: BLE001 - record and keep going
@@ -300,7 +302,7 @@ def main() -> None:
         for b in (int(x) for x in args.batches.split(",")):
             for routed in (True,) if name == "router" else (False, True):
                 case = make(b, routed, gen)
-                cublas_ms = sum(time_calls(fns) for fns in case[4]) if case[4] else None
+                cublas_ms = sum(time_calls(fns) for fns in case[4]) if case[4] and not args.once else None
                 recs = [measure(name, b, routed, cfg, case, cublas_ms) for cfg in grid]
                 done = [r for r in recs if r and r.get("ms")]
                 if done and args.grid is None:  # the streaming loop's tile and pipeline depth, on the best config

@@ -4,11 +4,15 @@
 #   PROF_S   scripts/profile_e2e.py on the fused step (B 1, ctx 4,096, 50%)         -> profile_e2e.txt
 #   TUNE_S   scripts/tune_fused_decode.py: per-kernel launch-shape sweep (KERNELS)  -> fused-tune-h200.{json,md}
 #   ATTN_S   scripts/bench_attention_decode.py: routed decode attention vs SDPA     -> attn-decode-h200.*
+#   NCU_S    Nsight Compute on one call of each NCU_KERNELS case at B 1, dense and routed (tune_fused_decode.py
+#            --once; speed of light, memory, occupancy, warp stalls; needs a runtime whose ncu reads counters)
+#                                                                                    -> ncu-h200.txt
 #   TEST_S   the GPU test suite (kernels + runtime)                                 -> gpu-tests-h200.log
 # At most 8 files come back from $OUT: the defaults (bench, profile, tests) leave 4.
 set -u
 export PYTHONPATH=$PWD/src WIDE_AUTOTUNE_MAX=1
 BENCH_S=${BENCH_S:-200}; PROF_S=${PROF_S:-90}; TUNE_S=${TUNE_S:-0}; ATTN_S=${ATTN_S:-0}; TEST_S=${TEST_S:-240}
+NCU_S=${NCU_S:-0}
 git log -1 --format='%h %s' > "$OUT/commit.txt" 2>/dev/null || true
 if [ "$BENCH_S" != 0 ]; then
   timeout "$BENCH_S" python3 scripts/bench_decode.py --out "$OUT" --budget-s $((BENCH_S - 60)) ${BENCH_ARGS:-} \
@@ -23,6 +27,12 @@ if [ "$TUNE_S" != 0 ]; then
 fi
 if [ "$ATTN_S" != 0 ]; then
   timeout "$ATTN_S" python3 scripts/bench_attention_decode.py --out "$OUT" > "$OUT/attn.log" 2>&1
+fi
+if [ "$NCU_S" != 0 ]; then
+  timeout "$NCU_S" ncu --clock-control none -k "regex:_ffn_kernel|_o_kernel" --section SpeedOfLight \
+    --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats \
+    python3 scripts/tune_fused_decode.py --once --kernels "${NCU_KERNELS:-ffn,down}" --batches 1 --grid '[{}]' \
+    --out /tmp > "$OUT/ncu-h200.txt" 2>&1
 fi
 if [ "$TEST_S" != 0 ]; then
   N=""; python3 -c "import xdist" 2>/dev/null && N="-n 8"
