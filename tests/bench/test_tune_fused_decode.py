@@ -1,0 +1,38 @@
+"""scripts/tune_fused_decode.py --smoke: every case checks its kernel against the fp32 reference through the
+interpreter on a CPU; with --once a configuration is checked and not timed (the run a profiler wraps)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+triton = pytest.importorskip("triton")
+
+
+def _run(tmp_path: Path, *args: str) -> list[dict]:
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT / "src"))
+    cmd = [sys.executable, str(ROOT / "scripts" / "tune_fused_decode.py"), "--smoke", "--batches", "2", "--out",
+           str(tmp_path), *args]  # fmt: skip
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads((tmp_path / "fused-tune-h200.json").read_text())["records"]
+
+
+def test_down_and_ffn_checked_once_not_timed(tmp_path):
+    recs = _run(tmp_path, "--once", "--kernels", "ffn,down", "--grid", "[{}]")
+    assert [(r["kernel"], r["routed"]) for r in recs] == [("ffn", False), ("ffn", True), ("down", False),
+                                                          ("down", True)]  # fmt: skip
+    assert all(r["err_ok"] and "ms" not in r and r["cublas_ms"] is None for r in recs)
+    down = {r["routed"]: r for r in recs if r["kernel"] == "down"}
+    assert down[True]["bytes"] < down[False]["bytes"]  # groups no token runs are not read
+
+
+def test_timed_run_records_times(tmp_path):
+    recs = _run(tmp_path, "--kernels", "down", "--grid", '[{"o_splits": 2}]')
+    assert len(recs) == 2 and all(r["err_ok"] and r["ms"] > 0 and r["cublas_ms"] > 0 for r in recs)
