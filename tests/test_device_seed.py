@@ -40,18 +40,32 @@ def test_seed_and_restore(tmp_path):
     with tarfile.open(returned / "work.tar.00", "w") as tf:
         tf.add(tmp_path / "rows" / "row-x", arcname="row-x")
     seed = tmp_path / "seed"
-    _run("seed_work.sh", {"SEED_OUT": str(seed), "ROWS": "wide-50-long-warm-kllm", "FROM": str(returned),
+    _run("seed_work.sh", {"SEED_OUT": str(seed), "ROWS": "wide-50-long-warm2-kllm", "FROM": str(returned),
                           "KEEP": "row-x"})  # fmt: skip
-    assert (seed / "tree-rows.txt").read_text().split() == ["wide-50-long-warm-kllm", "smollm2-135m-s50"]
+    assert (seed / "tree-rows.txt").read_text().split() == ["wide-50-long-warm2-kllm", "smollm2-135m-s50"]
     with tarfile.open(seed / "work.tar.00") as tf:  # the returned row only: the tree's travels by name
         assert {Path(n).parts[0] for n in tf.getnames() if Path(n).parts} == {"row-x"}
     work = tmp_path / "work"
     log = _run("restore_work.sh", {"CARRIED": str(seed), "WORK": str(work)})
-    assert "row-x: restored" in log and "wide-50-long-warm-kllm: restored from src/wide/checkpoints" in log
-    stage1 = work / "wide-50-long-warm-kllm" / "stage1"
+    assert "row-x: restored" in log and "wide-50-long-warm2-kllm: restored from src/wide/checkpoints" in log
+    stage1 = work / "wide-50-long-warm2-kllm" / "stage1"
     for f in ("routers.safetensors", "wide_config.json", "train_log.jsonl"):
         assert filecmp.cmp(stage1 / f, CKPT / f, shallow=False)
     assert (work / "row-x" / "stage1" / "latest").read_text() == "checkpoint-100"
     records = json.loads((work / "quality.json").read_text())["records"]
     assert records and all("name" in r for r in records)
     assert _run("restore_work.sh", {"CARRIED": str(seed), "WORK": str(work)}) == ""  # a warm machine keeps its own
+
+
+def test_rows_from_history_are_the_routers_shipped_then(tmp_path):
+    """wide-50-long-warm-kllm was shipped as smollm2-135m-s50 before the tree's routers: seeded from git history."""
+    old_rev = "d827a05:src/wide/checkpoints/smollm2-135m-s50/routers.safetensors"
+    old = subprocess.run(["git", "show", old_rev], cwd=ROOT, capture_output=True)
+    if old.returncode:
+        pytest.skip("a shallow checkout: the history the row is seeded from is not here")
+    seed, work = tmp_path / "seed", tmp_path / "work"
+    _run("seed_work.sh", {"SEED_OUT": str(seed), "ROWS": "wide-50-long-warm-kllm"})
+    assert not (seed / "tree-rows.txt").exists()
+    _run("restore_work.sh", {"CARRIED": str(seed), "WORK": str(work)})
+    warm = (work / "wide-50-long-warm-kllm" / "stage1" / "routers.safetensors").read_bytes()
+    assert warm == old.stdout and warm != (CKPT / "routers.safetensors").read_bytes()
