@@ -187,6 +187,7 @@ def main() -> None:
         "--eager-unfused", action="store_true", help="unfused variants without torch.compile (default: compiled)"
     )
     ap.add_argument("--smoke", action="store_true", help="tiny model (CPU interpreter / quick GPU check)")
+    ap.add_argument("--fused-only", action="store_true", help="only the fused step (no unfused baselines)")
     ap.add_argument("--tune", default="", help="fused launch overrides, e.g. ffn_block_n=64,num_stages=4")
     args = ap.parse_args()
     tune = {k: int(v) for k, v in (kv.split("=") for kv in filter(None, args.tune.split(",")))}
@@ -246,9 +247,10 @@ def run_all(args: argparse.Namespace, tune: dict[str, int]) -> None:
     model = build_model(shape, dev, dtype)
     wm = WideModel(model, WideConfig(ffn_group_size=128 if not args.smoke else 32))
     probe = torch.randint(0, shape["vocab_size"], (1, 512 if not args.smoke else 32), device=dev)
+    modes = (True,) if args.fused_only else (False, True)
     dense = {}
     for b in batches:
-        for fused in (False, True):
+        for fused in modes:
             r = run(
                 {"kind": "tpot", "variant": "dense", "fused": fused, "B": b, "sparsity": 0.0, "compiled": comp(fused)},
                 lambda b=b, fused=fused: measure(wm, False, fused, b, args.ctx, args.reps, compile=comp(fused)),
@@ -264,7 +266,7 @@ def run_all(args: argparse.Namespace, tune: dict[str, int]) -> None:
                          "error": f"routers: {exc}"})  # fmt: skip
             continue
         for b in batches:
-            for fused in (False, True):
+            for fused in modes:
                 rec = {"kind": "tpot", "variant": "wide", "fused": fused, "B": b, "sparsity": s}
                 r = run(
                     {**rec, "compiled": comp(fused), "ffn_router_source": src},
