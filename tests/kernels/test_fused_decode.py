@@ -147,7 +147,6 @@ def test_o_proj_residual_norm(kernel_device, hq, hk, d, b, mode, bias):
         (96, 48, 16, "random", False),
         (64, 32, 2, "none", True),
         (48, 16, 5, None, False),
-        (1120, 16, 2, "random", False),  # 70 groups: more than one word of run bits, so at least two K splits
     ],
 )
 def test_ffn_residual_norm(kernel_device, df, g, b, mode, bias):
@@ -170,17 +169,6 @@ def test_ffn_residual_norm(kernel_device, df, g, b, mode, bias):
     torch.testing.assert_close(hn.cpu(), hr, rtol=1e-5, atol=1e-5)
     xo2, hn2 = FD.ffn_residual_norm(*args, 1e-5, g, dbd)  # deterministic, and the counters were left at 0
     assert torch.equal(xo, xo2) and torch.equal(hn, hn2)
-
-
-def test_a_k_split_spans_at_most_one_word_of_groups(kernel_device):
-    """The down projection's K splits read their groups' run bits as one word: an override that would give a
-    split more groups is refused in one line (the shape rule splits enough: test_ffn_residual_norm)."""
-    b, dm, g, ng = 1, 16, 16, FD.GROUP_BITS + 6
-    h, x, nw = torch.randn(b, dm), torch.randn(b, dm), torch.ones(dm)
-    w = torch.randn(ng * g, dm)
-    args = _to(kernel_device, h, w, w, w.t().contiguous(), torch.ones(b, ng, dtype=torch.bool), x, nw)
-    with FD.launch_overrides(ffn_splits=1), pytest.raises(ValueError, match="span 70 groups"):
-        FD.ffn_residual_norm(*args, 1e-5, g)
 
 
 def test_router_on_the_kernels_h_is_router_decisions(kernel_device):

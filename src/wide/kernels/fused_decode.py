@@ -62,7 +62,6 @@ if HAS_TRITON:
     from ._triton_utils import pdl_begin
 
 MAX_BATCH = 16  # decode only: one 16-row tensor-core tile holds the batch
-GROUP_BITS = 64  # groups that one K range of O / down may span: one int64 word of run bits (_routed_k_loop)
 
 
 @dataclass(frozen=True)
@@ -215,7 +214,6 @@ def ffn_residual_norm_ref(
 # Triton kernels
 # --------------------------------------------------------------------------------------------------
 if HAS_TRITON:
-    _BITS = tl.constexpr(GROUP_BITS)
 
     @triton.jit
     def _any_row(mask_ptr, g, B, NG, BM: tl.constexpr):
@@ -225,37 +223,18 @@ if HAS_TRITON:
         return tl.max(m.to(tl.int32), 0) > 0
 
     @triton.jit
-    def _run_bits(mask_ptr, g_lo, g_hi, B, NG, BM: tl.constexpr):
-        """Bit j (j < GROUP_BITS) set when some token b < B runs group g_lo + j < g_hi (mask [B, NG] uint8):
-        a loop-invariant word, so a K step's predicate needs no load inside the loop."""
-        offs_b = tl.arange(0, BM)
-        offs_j = tl.arange(0, _BITS)
-        g = g_lo + offs_j
-        m = tl.load(mask_ptr + offs_b[:, None] * NG + g[None, :], mask=(offs_b < B)[:, None] & (g < g_hi)[None, :],
-                    other=0)  # fmt: skip
-        run = tl.max(m.to(tl.int32), 0) > 0  # [GROUP_BITS]
-        bit = tl.full([_BITS], 1, tl.int64) << offs_j.to(tl.int64)
-        return tl.sum(tl.where(run, bit, 0), 0)  # distinct bits: the sum is their OR
-
-    @triton.jit
     def _routed_k_loop(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k_lo, k_hi, K, mask_ptr, B, NG, G,
                        ROUTED: tl.constexpr, BM: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr,
                        CG: tl.constexpr):  # fmt: skip
         """acc [BM, BLOCK_N] += a[:, k] W[n, k]^T for k in [k_lo, k_hi) (a: [B, K], W: [N, K], row-major),
         reading no column of a group no token runs. BLOCK_K divides the group width G and k_lo is a multiple
-        of BLOCK_K, so a step lies in one group and its predicate is one scalar; the range spans at most
-        GROUP_BITS groups, whose run bits are read once before the loop, so every load of the loop depends
-        on the step alone and the loop stays pipelined (docs/kernels.md, "What a group skip skips")."""
-        g_lo = k_lo // G
-        word = tl.zeros([], tl.int64)
-        if ROUTED:
-            word = _run_bits(mask_ptr, g_lo, tl.cdiv(k_hi, G), B, NG, BM)
+        of BLOCK_K, so a step lies in one group and its predicate is one scalar (the loads stay vectorised
+        and the loop pipelined)."""
         for k0 in range(k_lo, k_hi, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             in_k = offs_k < k_hi
             if ROUTED:
-                run = (word >> (k0 // G - g_lo).to(tl.int64)) & 1
-                in_k = in_k & (tl.zeros([BLOCK_K], tl.int64) + run > 0)
+                in_k = in_k & (tl.zeros([BLOCK_K], tl.int32) + _any_row(mask_ptr, k0 // G, B, NG, BM).to(tl.int32) > 0)
             am = in_m[:, None] & in_k[None, :]
             if CG:  # written earlier in the same kernel by other programs
                 a = tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=am, other=0.0, cache_modifier=".cg")
@@ -755,12 +734,6 @@ def ffn_chunk(group: int, n_groups: int, sms: int) -> int:
 # --------------------------------------------------------------------------------------------------
 # Ops
 # --------------------------------------------------------------------------------------------------
-def _check_span(groups: int, name: str, ks: int) -> None:
-    """A K split of O / down reads its groups' run bits as one word (``_routed_k_loop``)."""
-    if groups > GROUP_BITS:
-        raise ValueError(f"{name}={ks}: a K split would span {groups} groups, more than {GROUP_BITS}")
-
-
 def _u8(mask: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
     return like.new_empty(1, dtype=torch.uint8) if mask is None else mask.contiguous().view(torch.uint8)
 
@@ -893,7 +866,6 @@ def _o_op(
     tiles = triton.cdiv(d, bn)
     ks = _ov("o_splits", k_splits(tiles, triton.cdiv(k, bk), _sms(o)))
     chunk = triton.cdiv(triton.cdiv(k, ks), bk) * bk  # a multiple of BLOCK_K: no step straddles a group
-    _check_span(triton.cdiv(chunk, g) + 1, "o_splits", ks)
     ss = torch.empty(tiles * BLOCK_M, dtype=torch.float32, device=o.device)
     part = torch.empty(ks * tiles * BLOCK_M * bn if ks > 1 else 1, dtype=torch.float32, device=o.device)
     _o_kernel[(tiles * ks,)](
@@ -934,8 +906,7 @@ def _ffn_op(
     bk, nw = _gemv_blocks(h)
     bn = 16 if not h.is_cuda else _ov("ffn_block_n", 64)
     tiles = triton.cdiv(d, bn)
-    ks = _ov("ffn_splits", max(k_splits(tiles, ng, _sms(h)), next_pow2(triton.cdiv(ng, GROUP_BITS))))
-    _check_span(triton.cdiv(ng, ks), "ffn_splits", ks)
+    ks = _ov("ffn_splits", k_splits(tiles, ng, _sms(h)))
     a = torch.empty(b, df, dtype=h.dtype, device=h.device)
     xo, hn = torch.empty_like(x), torch.empty_like(x)
     ss = torch.empty(tiles * BLOCK_M, dtype=torch.float32, device=h.device)
