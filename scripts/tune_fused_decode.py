@@ -67,7 +67,8 @@ ROUTER = [{}, *({"BLOCK_D": bd, "SPLITS": sp, "num_warps": nw} for bd, sp, nw in
                 ((128, 8, 4), (64, 16, 2), (128, 16, 4), (64, 32, 2), (128, 32, 4), (256, 16, 4),
                  (64, 64, 1)))]  # fmt: skip
 STREAM = [{"block_k": bk, "num_warps": nw, "num_stages": ns} for bk, nw, ns in
-          ((128, 4, 4), (256, 4, 4), (256, 8, 3), (512, 8, 3), (128, 4, 6), (256, 4, 2))]  # fmt: skip
+          ((128, 4, 4), (256, 4, 4), (256, 8, 3), (512, 8, 3), (128, 4, 6), (256, 4, 2), (64, 4, 5),
+           (64, 4, 8))]  # fmt: skip
 
 
 def time_calls(fns) -> float:
