@@ -107,6 +107,12 @@ def plot(records: list[dict], out: Path, goals: list[tuple[float, float, str]]) 
                             xytext=(0, 3), textcoords="offset points", fontsize=7, color="grey")  # fmt: skip
         ax.plot([], [], "o", color="grey", label="filled: distilled (KL to dense + LM)")
         ax.set(xscale="log", yscale="log", xlabel="training tokens (M)", ylabel="word perplexity / dense")
+        xs, ys = [x for x, _ in xy.values()], [y for _, y in xy.values()]
+        ys += [ratio for g_target, ratio, _ in goals if g_target == target]
+        # room inside the frame for the labels right of the last points and below the lowest one
+        ax.set_xlim(min(xs) / 1.3, max(xs) * 3.6)
+        lo, hi = math.log(min(ys)), math.log(max(ys))
+        ax.set_ylim(bottom=math.exp(lo - 0.1 * (hi - lo)))
         plain = FuncFormatter(lambda v, _: f"{v:g}")
         sparse = FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "25" else "")  # 2, 5, 20, 50, ...
         ax.xaxis.set_major_formatter(plain)

@@ -38,9 +38,15 @@ def series_label(rec: dict) -> str:
     return " ".join(parts)
 
 
+def _calibration_steps(rec: dict) -> int:
+    """Stage-1 steps of a record, a warm start's included (init_steps: the routers it started from)."""
+    return (rec.get("init_steps") or 0) + rec["steps"] if rec.get("steps") else 0
+
+
 def group_series(records: list[dict]) -> tuple[dict[str, list[dict]], dict | None]:
     """({label: records sorted by FLOPs removed}, the dense record or None). A trained row whose step count
-    differs from the one most of its series' rows have (the fewer steps on a tie) is a series of its own."""
+    differs from the one most of its series' rows have (the fewer steps on a tie; a warm start counts the steps
+    of the routers it started from) is a series of its own."""
     dense = next((r for r in records if r["method"] == "dense" and r.get("status") == "done"), None)
     by_label: dict[str, list[dict]] = defaultdict(list)
     for r in records:
@@ -48,10 +54,11 @@ def group_series(records: list[dict]) -> tuple[dict[str, list[dict]], dict | Non
             by_label[series_label(r)].append(r)
     series: dict[str, list[dict]] = defaultdict(list)
     for label, rs in by_label.items():
-        counts = Counter(r["steps"] for r in rs if r.get("steps"))
+        counts = Counter(_calibration_steps(r) for r in rs if r.get("steps"))
         usual = max(counts, key=lambda n: (counts[n], -n)) if counts else None
         for r in rs:
-            series[label if r.get("steps") in (None, 0, usual) else f"{label} {r['steps']} steps"].append(r)
+            n = _calibration_steps(r)
+            series[label if n in (0, usual) else f"{label} {n} steps"].append(r)
     return {k: sorted(v, key=lambda r: r["flops_removed"]) for k, v in sorted(series.items())}, dense
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-CKPT = ROOT / "src" / "wide" / "checkpoints" / "smollm2-135m-s50"
+CKPTS = ROOT / "src" / "wide" / "checkpoints"
+TREE_ROWS = {"wide-25-long-warm-kllm": "smollm2-135m-s25", "wide-50-long-warm2-kllm": "smollm2-135m-s50"}
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bash") is None or shutil.which("git") is None or not (ROOT / ".git").exists(),
@@ -40,32 +41,58 @@ def test_seed_and_restore(tmp_path):
     with tarfile.open(returned / "work.tar.00", "w") as tf:
         tf.add(tmp_path / "rows" / "row-x", arcname="row-x")
     seed = tmp_path / "seed"
-    _run("seed_work.sh", {"SEED_OUT": str(seed), "ROWS": "wide-50-long-warm2-kllm", "FROM": str(returned),
+    _run("seed_work.sh", {"SEED_OUT": str(seed), "ROWS": " ".join(TREE_ROWS), "FROM": str(returned),
                           "KEEP": "row-x"})  # fmt: skip
-    assert (seed / "tree-rows.txt").read_text().split() == ["wide-50-long-warm2-kllm", "smollm2-135m-s50"]
-    with tarfile.open(seed / "work.tar.00") as tf:  # the returned row only: the tree's travels by name
+    tree_rows = [line.split() for line in (seed / "tree-rows.txt").read_text().splitlines()]
+    assert tree_rows == [[n, ck] for n, ck in TREE_ROWS.items()]
+    with tarfile.open(seed / "work.tar.00") as tf:  # the returned row only: the tree's travel by name
         assert {Path(n).parts[0] for n in tf.getnames() if Path(n).parts} == {"row-x"}
     work = tmp_path / "work"
     log = _run("restore_work.sh", {"CARRIED": str(seed), "WORK": str(work)})
-    assert "row-x: restored" in log and "wide-50-long-warm2-kllm: restored from src/wide/checkpoints" in log
-    stage1 = work / "wide-50-long-warm2-kllm" / "stage1"
-    for f in ("routers.safetensors", "wide_config.json", "train_log.jsonl"):
-        assert filecmp.cmp(stage1 / f, CKPT / f, shallow=False)
+    assert "row-x: restored" in log
+    for name, ck in TREE_ROWS.items():
+        assert f"{name}: restored from src/wide/checkpoints/{ck}" in log
+        for f in ("routers.safetensors", "wide_config.json", "train_log.jsonl"):
+            assert filecmp.cmp(work / name / "stage1" / f, CKPTS / ck / f, shallow=False)
     assert (work / "row-x" / "stage1" / "latest").read_text() == "checkpoint-100"
     records = json.loads((work / "quality.json").read_text())["records"]
     assert records and all("name" in r for r in records)
     assert _run("restore_work.sh", {"CARRIED": str(seed), "WORK": str(work)}) == ""  # a warm machine keeps its own
 
 
-def test_rows_from_history_are_the_routers_shipped_then(tmp_path):
-    """wide-50-long-warm-kllm was shipped as smollm2-135m-s50 before the tree's routers: seeded from git history."""
-    old_rev = "d827a05:src/wide/checkpoints/smollm2-135m-s50/routers.safetensors"
-    old = subprocess.run(["git", "show", old_rev], cwd=ROOT, capture_output=True)
-    if old.returncode:
-        pytest.skip("a shallow checkout: the history the row is seeded from is not here")
+@pytest.mark.parametrize(
+    ("row", "rev", "ckpt"),
+    [
+        ("wide-25-long", "f043025", "smollm2-135m-s25"),
+        ("wide-50-long", "839dbe2", "smollm2-135m-s50"),
+        ("wide-50-long-warm-kllm", "d827a05", "smollm2-135m-s50"),
+    ],
+)
+def test_rows_from_history_are_the_routers_shipped_then(tmp_path, row, rev, ckpt):
+    """A row whose routers were shipped under a checkpoint's name before the tree's ones is seeded from git history:
+    the routers, config and training log of that commit, not the tree's."""
+    old = {}
+    for f in ("routers.safetensors", "wide_config.json", "train_log.jsonl"):
+        got = subprocess.run(["git", "show", f"{rev}:src/wide/checkpoints/{ckpt}/{f}"], cwd=ROOT, capture_output=True)
+        if got.returncode:
+            pytest.skip("a shallow checkout: the history the row is seeded from is not here")
+        old[f] = got.stdout
     seed, work = tmp_path / "seed", tmp_path / "work"
-    _run("seed_work.sh", {"SEED_OUT": str(seed), "ROWS": "wide-50-long-warm-kllm"})
+    _run("seed_work.sh", {"SEED_OUT": str(seed), "ROWS": row})
     assert not (seed / "tree-rows.txt").exists()
     _run("restore_work.sh", {"CARRIED": str(seed), "WORK": str(work)})
-    warm = (work / "wide-50-long-warm-kllm" / "stage1" / "routers.safetensors").read_bytes()
-    assert warm == old.stdout and warm != (CKPT / "routers.safetensors").read_bytes()
+    for f, want in old.items():
+        assert (work / row / "stage1" / f).read_bytes() == want
+    assert old["routers.safetensors"] != (CKPTS / ckpt / "routers.safetensors").read_bytes()
+
+
+def test_default_seeds_every_long_row(tmp_path):
+    """Without ROWS: the tree's rows by name, the others from history, each once."""
+    if subprocess.run(["git", "cat-file", "-e", "f043025"], cwd=ROOT, capture_output=True).returncode:
+        pytest.skip("a shallow checkout: the history the rows are seeded from is not here")
+    seed = tmp_path / "seed"
+    _run("seed_work.sh", {"SEED_OUT": str(seed)})
+    assert [line.split()[0] for line in (seed / "tree-rows.txt").read_text().splitlines()] == list(TREE_ROWS)
+    with tarfile.open(seed / "work.tar.00") as tf:
+        rows = {Path(n).parts[0] for n in tf.getnames() if Path(n).parts}
+    assert rows == {"wide-25-long", "wide-50-long", "wide-50-long-warm-kllm"}

@@ -2,7 +2,8 @@
 # Seed a fresh GPU machine's quality work from the repository instead of parts that came back from one: run
 # here (it reads git history), before the call that starts quality.sh / quality_bg.sh, and carry
 # .device-carry/quality-work in that call. Rows seeded (their stage 1 only, as shipped):
-#   wide-25-long            src/wide/checkpoints/smollm2-135m-s25
+#   wide-25-long             smollm2-135m-s25 as shipped until 96649fe (git f043025: the 4,000-step routers)
+#   wide-25-long-warm-kllm   src/wide/checkpoints/smollm2-135m-s25 (shipped since: 4,000 + 2,500)
 #   wide-50-long             smollm2-135m-s50 as shipped until 62ca804 (git 839dbe2: the 4,000-step routers)
 #   wide-50-long-warm-kllm   smollm2-135m-s50 as shipped from 62ca804 to 71fd77b (git d827a05: 4,000 + 3,000)
 #   wide-50-long-warm2-kllm  src/wide/checkpoints/smollm2-135m-s50 (shipped since: 4,000 + 3,000 + 2,500)
@@ -10,7 +11,7 @@
 # restores both from .device-carry/quality-work/ and quality.sh skips every row with a finished record. A row
 # whose checkpoint is in the tree travels as one line of tree-rows.txt (restored from src/wide/checkpoints/); a
 # row from history as work.tar.00 (~4.7 MB a row: a call carries 64 MiB with the ~40 MiB tree and evalwhl).
-#   ROWS="NAME ..."   seed only these rows (default: all four)
+#   ROWS="NAME ..."   seed only these rows (default: all five)
 #   DROP=NAME[,NAME]  records removed first, so that those rows run again (e.g. a LoRA row whose adapter
 #                     never came back)
 #   FROM=DIR KEEP="NAME ..."  also these rows from a run's returned parts (DIR/work.tar.*: an interrupted row's
@@ -21,7 +22,7 @@ set -eu
 Q=${SEED_OUT:-.device-carry/quality-work}
 T=$(mktemp -d)
 rm -rf "$Q" && mkdir -p "$Q"
-ROWS=${ROWS:-wide-25-long wide-50-long wide-50-long-warm-kllm wide-50-long-warm2-kllm}
+ROWS=${ROWS:-wide-25-long wide-25-long-warm-kllm wide-50-long wide-50-long-warm-kllm wide-50-long-warm2-kllm}
 seed() {  # seed ROW GIT_REV CHECKPOINT_NAME, if ROWS names it
   case " $ROWS " in *" $1 "*) ;; *) return 0 ;; esac
   if [ "$2" = HEAD ]; then
@@ -34,7 +35,8 @@ seed() {  # seed ROW GIT_REV CHECKPOINT_NAME, if ROWS names it
     git show "$2:src/wide/checkpoints/$3/$f" >"$T/$1/stage1/$f"
   done
 }
-seed wide-25-long HEAD smollm2-135m-s25
+seed wide-25-long f043025 smollm2-135m-s25
+seed wide-25-long-warm-kllm HEAD smollm2-135m-s25
 seed wide-50-long 839dbe2 smollm2-135m-s50
 seed wide-50-long-warm-kllm d827a05 smollm2-135m-s50
 seed wide-50-long-warm2-kllm HEAD smollm2-135m-s50

@@ -252,12 +252,13 @@ def test_plot_series_and_file(tmp_path):
     more = [
         rec("wide", 0.3, 25.0, 0.46, target=0.5, steps=300),
         rec("wide", 0.35, 26.0, 0.47, target=0.5, steps=4000),
+        rec("wide", 0.36, 24.0, 0.48, target=0.5, steps=300, init_steps=4000),  # a warm start: not a 300-step row
         rec("module-skip", 0.3, 100.0, 0.40, target=0.5, steps=300),
         rec("module-skip", 0.4, 400.0, 0.44, target=0.5, steps=300),
         rec("module-skip", 0.2, 50.0, 0.42, target=0.25, steps=300),
     ]
     series, _ = ps.group_series(more)
-    assert sorted(series) == ["module-skip", "wide", "wide 4000 steps"]
+    assert sorted(series) == ["module-skip", "wide", "wide 4000 steps", "wide 4300 steps"]
     pts = ps.level_means(series["module-skip"])
     assert (
         pts[0] == pytest.approx((0.2, 50.0, 0.42))
