@@ -2,7 +2,8 @@
 # One device call for the fused decode layer, each step with its own time limit in seconds (0 skips it):
 #   BENCH_S  scripts/bench_decode.py: TPOT dense / WIDE, fused / unfused, B 1 and 16 -> decode-h200.{json,md}
 #   PROF_S   scripts/profile_e2e.py on the fused step (B 1, ctx 4,096, 50%)         -> profile_e2e.txt
-#   TUNE_S   scripts/tune_fused_decode.py: per-kernel launch-shape sweep (KERNELS)  -> fused-tune-h200.{json,md}
+#   TUNE_S   scripts/tune_fused_decode.py: per-kernel launch-shape sweep (KERNELS, TUNE_BATCHES; TUNE_GRID: a JSON
+#            list of overrides instead of each kernel's grid)                       -> fused-tune-h200.{json,md}
 #   ATTN_S   scripts/bench_attention_decode.py: routed decode attention vs SDPA     -> attn-decode-h200.*
 #   NCU_S    Nsight Compute on one call of each NCU_KERNELS case at B 1, dense and routed (tune_fused_decode.py
 #            --once; speed of light, memory, occupancy, warp stalls; needs a runtime whose ncu reads counters)
@@ -22,8 +23,11 @@ if [ "$PROF_S" != 0 ]; then
   WIDE_FUSED=1 PROFILE_CALLS=decode timeout "$PROF_S" python3 scripts/profile_e2e.py "$OUT" 4096 0.5 >/dev/null 2>&1
 fi
 if [ "$TUNE_S" != 0 ]; then
+  grid=(); [ -z "${TUNE_GRID:-}" ] || grid=(--grid "$TUNE_GRID")
+  # shellcheck disable=SC2086  # TUNE_ARGS: zero or more args (e.g. --once)
   timeout "$TUNE_S" python3 scripts/tune_fused_decode.py --out "$OUT" --budget-s $((TUNE_S - 30)) \
-    --kernels "${KERNELS:-qkv,attn,o,ffn,router}" > "$OUT/tune.log" 2>&1
+    --kernels "${KERNELS:-qkv,attn,o,ffn,router}" --batches "${TUNE_BATCHES:-1,16}" "${grid[@]}" ${TUNE_ARGS:-} \
+    > "$OUT/tune.log" 2>&1
 fi
 if [ "$ATTN_S" != 0 ]; then
   timeout "$ATTN_S" python3 scripts/bench_attention_decode.py --out "$OUT" > "$OUT/attn.log" 2>&1
