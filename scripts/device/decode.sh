@@ -12,7 +12,7 @@
 # At most 8 files come back from $OUT: the defaults (bench, profile, tests) leave 4.
 set -u
 export PYTHONPATH=$PWD/src WIDE_AUTOTUNE_MAX=1
-BENCH_S=${BENCH_S:-200}; PROF_S=${PROF_S:-90}; TUNE_S=${TUNE_S:-0}; ATTN_S=${ATTN_S:-0}; TEST_S=${TEST_S:-240}
+BENCH_S=${BENCH_S:-200}; PROF_S=${PROF_S:-90}; TUNE_S=${TUNE_S:-0}; ATTN_S=${ATTN_S:-0}; TEST_S=${TEST_S:-300}
 NCU_S=${NCU_S:-0}
 git log -1 --format='%h %s' > "$OUT/commit.txt" 2>/dev/null || true
 if [ "$BENCH_S" != 0 ]; then

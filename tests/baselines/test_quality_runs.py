@@ -184,15 +184,15 @@ def test_spec_checks_order_and_device_spec():
         ref = by_target[s.target]
         assert (s.steps, s.batch_size, s.distill) == (ref.steps, ref.batch_size, "kl+lm")
     # the long routers trained on with distillation (a warm start: calibration only, 4,000 + 3,000 steps at 50%,
-    # 4,000 + 2,500 at 25%), the fourth row once more from the first (4,000 + 3,000 + 2,500), the last the first's
-    # control without it
+    # 4,000 + 2,500 at 25% and for the layer-input row), the fourth row once more from the first
+    # (4,000 + 3,000 + 2,500), the last the first's control without it
     warm = qr.load_specs([ROOT / "scripts" / "device" / "quality-warm-distill.json"])
     qr.check_specs(specs + sweep + long + skip_lora + base_lora + source + long_kd + warm)
     *distilled, control = warm
     for s in distilled:
         ref = by_target[s.target] if s is not distilled[-1] else warm[0]
         assert s.init_from == ref.key and (s.batch_size, s.distill, s.lora_steps) == (ref.batch_size, "kl+lm", 0)
-        assert s.target == ref.target and s.steps == (3000 if s.target == 0.5 and s is not distilled[-1] else 2500)
+        assert s.target == ref.target and s.steps == (3000 if s is warm[0] else 2500)
     same = ("init_from", "target", "steps", "batch_size", "lora_steps", "extra_args")
     assert [getattr(control, f) for f in same] == [getattr(warm[0], f) for f in same] and control.distill == "none"
     moved = [s for s in warm if s.extra_args]  # one 50% row moves its FFN routers to the layer input
