@@ -4,9 +4,11 @@
 
 Llama-3.1-8B layer shapes (D 4,096, Hq 32, Hk 8, d 128, D' 14,336, FFN groups of 128), bf16, random weights. For
 each kernel (QKV + RoPE + cache write, decode attention over CTX cached keys, O + residual + norm, the FFN, its
-down projection alone through O's kernel (``down``); the router of rank 32 over the FFN's groups) and each launch
-configuration (``wide.kernels.fused_decode.launch_overrides``; the router: ``router_decisions(config=...)``), B 1
-and 16, dense (no mask) and routed (each token runs a random half of the groups): the time per call
+down projection alone through O's kernel (``down``); the FFN's two halves through the unfused decode path's kernels
+(``gateup-unfused``, ``down-unfused``: ``routed_swiglu`` / ``routed_gemm_k`` on the 'small' path, autotuned, which
+launch overrides do not change: run them with ``--grid '[{}]'``); the router of rank 32 over the FFN's groups) and
+each launch configuration (``wide.kernels.fused_decode.launch_overrides``; the router: ``router_decisions(config=
+...)``), B 1 and 16, dense (no mask) and routed (each token runs a random half of the groups): the time per call
 (``wide.bench.timing.time_calls``: a CUDA graph of back-to-back calls on rotated weight copies larger than L2), the
 bytes of weights the call reads (groups no token runs are not read) and the TB/s that makes; cuBLAS's ``F.linear``
 of the same matrices (dense; attention: SDPA on the same cache, transposed; the router: none) as the yardstick.
@@ -30,6 +32,7 @@ from wide.bench.checks import within_bf16_rule
 from wide.bench.timing import copies_for, median_ms
 from wide.bench.timing import time_calls as _time_calls
 from wide.kernels import fused_decode as FD
+from wide.kernels import plan, plan_route, routed_gemm_k, routed_swiglu
 from wide.kernels.attention_reference import attention_decode_ref
 from wide.kernels.router import default_config, router_margin_kernel, router_margin_ref
 
@@ -168,6 +171,44 @@ def ffn_case(b: int, routed: bool, gen: torch.Generator):
     return call, 1, check, 3 * DF * D * 2 * active, dense, 3 * DF * D * 2
 
 
+def unfused_case(b: int, routed: bool, gen: torch.Generator, down: bool):
+    """The FFN's halves through the unfused decode path (``wide.kernels``: ``routed_swiglu`` and ``routed_gemm_k``
+    on the 'small' path, autotuned, as ``WideRuntime(fused_decode=False)`` runs them at decode), each timed alone
+    on the FFN case's shapes and mask draw: gate/up -> SwiGLU (``gateup-unfused``) or down (``down-unfused``),
+    so that each half of the fused FFN has a yardstick. Dense: every group (the same kernels)."""
+    mask = rand_mask(b, DF // G, routed, gen)
+    run = torch.ones(b, DF // G, dtype=torch.bool, device=DEV) if mask is None else mask
+    route = plan_route(run, plan(b, G, DF // G, 0.5, force_mn="small", force_k="small"))
+    h = torch.randn(b, D, device=DEV, dtype=DTYPE)
+    active = run.any(0).float().mean().item()
+    if down:
+        w = [torch.randn(D, DF, device=DEV, dtype=DTYPE) * DF**-0.5 for _ in range(copies_for(D * DF * 2))]
+        a = torch.randn(b, DF, device=DEV, dtype=DTYPE) * run.repeat_interleave(G, dim=1)
+
+        def call(i: int):
+            return routed_gemm_k(a, w[i], route, G, x_zeroed=True)
+
+        def check(out):
+            return err_ok(out, a.float() @ w[0].float().t(), F.linear(a, w[0]))
+
+        dense = [[lambda i=i: F.linear(a, w[i]) for i in range(len(w))]]
+        return call, len(w), check, D * DF * 2 * active, dense, D * DF * 2
+    wg = torch.randn(DF, D, device=DEV, dtype=DTYPE) * D**-0.5
+    wu = torch.randn(DF, D, device=DEV, dtype=DTYPE) * D**-0.5
+    wgu = torch.cat([wg, wu])
+    on = run.repeat_interleave(G, dim=1)
+
+    def call(i: int):
+        return routed_swiglu(h, wg, wu, route, G)
+
+    def check(out):
+        ref32 = F.silu(h.float() @ wg.float().t()) * (h.float() @ wu.float().t()) * on
+        ref = F.silu(F.linear(h, wg)) * F.linear(h, wu) * on
+        return err_ok(out, ref32, ref)
+
+    return call, 1, check, 2 * DF * D * 2 * active, [[lambda: F.linear(h, wgu)]], 2 * DF * D * 2
+
+
 def attn_case(b: int, routed: bool, gen: torch.Generator):
     s_max = CTX + 8
     n_copies = copies_for(2 * b * s_max * HK * HD * 2)
@@ -222,6 +263,8 @@ CASES = {
     "o": (o_case, O_PROJ),
     "ffn": (ffn_case, FFN),
     "down": (lambda b, routed, gen: o_case(b, routed, gen, down=True), O_PROJ),
+    "gateup-unfused": (lambda b, routed, gen: unfused_case(b, routed, gen, down=False), [{}]),
+    "down-unfused": (lambda b, routed, gen: unfused_case(b, routed, gen, down=True), [{}]),
     "router": (router_case, ROUTER),
 }
 # the second pass, on the best configuration (default: STREAM)

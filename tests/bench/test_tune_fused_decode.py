@@ -36,3 +36,13 @@ def test_down_and_ffn_checked_once_not_timed(tmp_path):
 def test_timed_run_records_times(tmp_path):
     recs = _run(tmp_path, "--kernels", "down", "--grid", '[{"o_splits": 2}]')
     assert len(recs) == 2 and all(r["err_ok"] and r["ms"] > 0 and r["cublas_ms"] > 0 for r in recs)
+
+
+def test_unfused_halves_and_compacted_loops_are_checked(tmp_path):
+    """The FFN's halves through the unfused kernels, and the compacted K loops (``compact_k``), pass the check."""
+    recs = _run(tmp_path, "--once", "--kernels", "gateup-unfused,down-unfused,ffn", "--grid",
+                '[{}, {"compact_k": 1, "down_block_k": 16, "down_stages": 2}]')  # fmt: skip
+    assert len(recs) == 12 and all(r["err_ok"] for r in recs), [r for r in recs if not r.get("err_ok")]
+    half = {(r["kernel"], r["routed"]): r["bytes"] for r in recs}
+    assert half["gateup-unfused", True] < half["gateup-unfused", False]  # groups no token runs are not read
+    assert half["gateup-unfused", False] == 2 * half["down-unfused", False]  # gate and up: two D' x D matrices

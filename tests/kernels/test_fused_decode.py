@@ -311,6 +311,53 @@ def test_split_k_paths(kernel_device, ks):
         _check_split_k_paths(kernel_device, ks)
 
 
+@pytest.mark.parametrize("mode", ["all", "random", "none", "one"])
+@pytest.mark.parametrize("b", [1, 3, 16])
+def test_compacted_k_loops_read_the_same_bits(kernel_device, mode, b):
+    """compact_k: O's and down's routed K loops visit only the steps of groups some token runs (a list per
+    program); the skipped steps added exact zeros before, so the outputs are bit-identical to the predicated
+    loops, also with the down loop's own K step and pipeline depth, and no column of a skipped group is read
+    (poisoned with NaN). Odd sizes: D 40 / 72 (not a multiple of the output tiles), GQA 7:1 and 3:1."""
+    torch.manual_seed(b)
+    dm, df, g = 40, 96, 16
+    h, x, nw = torch.randn(b, dm), torch.randn(b, dm), torch.rand(dm) + 0.5
+    wg, wu, wd = torch.randn(df, dm) / dm**0.5, torch.randn(df, dm) / dm**0.5, torch.randn(dm, df) / df**0.5
+    if mode == "one":  # one group run by one token: every other step of every split skipped
+        mask = torch.zeros(b, df // g, dtype=torch.bool)
+        mask[b - 1, 2] = True
+    else:
+        mask = _mask(mode, b, df // g, seed=b + 7)
+    off = ~mask.any(0).repeat_interleave(g)
+    wg, wu, wd = wg.clone(), wu.clone(), wd.clone()
+    wg[off], wu[off], wd[:, off] = float("nan"), float("nan"), float("nan")
+    args = _to(kernel_device, h, wg, wu, wd, mask, x, nw)
+    xr, hr = FD.ffn_residual_norm_ref(h, wg.nan_to_num(), wu.nan_to_num(), wd.nan_to_num(), mask, x, nw, 1e-5)
+    for shapes in ({}, {"ffn_splits": 2}, {"down_block_k": 8, "down_stages": 2}):
+        with FD.launch_overrides(**shapes):
+            base = FD.ffn_residual_norm(*args, 1e-5, g)
+        with FD.launch_overrides(compact_k=1, **shapes):
+            out = FD.ffn_residual_norm(*args, 1e-5, g)
+        torch.testing.assert_close(base[0].cpu(), xr, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(base[1].cpu(), hr, rtol=1e-5, atol=1e-5)
+        assert torch.equal(out[0], base[0]) and torch.equal(out[1], base[1]), shapes
+    for hq, hk in ((7, 1), (6, 2)):
+        d = 32
+        o = torch.randn(b, hq * d)
+        mo = mask[:, :hk] if mode != "one" else mask[:, 2:3].expand(b, hk).clone()
+        o = o * mo.repeat_interleave(hq // hk * d, dim=1)
+        wo = torch.randn(72, hq * d) / (hq * d) ** 0.5
+        xo_ = torch.randn(b, 72)
+        wo[:, ~mo.any(0).repeat_interleave(hq // hk * d)] = float("nan")
+        oargs = _to(kernel_device, o, wo, None, mo, xo_, torch.rand(72) + 0.5)
+        for shapes in ({}, {"o_splits": 4}):
+            with FD.launch_overrides(**shapes):
+                base = FD.o_proj_residual_norm(*oargs, 1e-5)
+            with FD.launch_overrides(compact_k=1, **shapes):
+                out = FD.o_proj_residual_norm(*oargs, 1e-5)
+            assert not torch.isnan(base[0]).any()
+            assert torch.equal(out[0], base[0]) and torch.equal(out[1], base[1]), (hq, hk, shapes)
+
+
 def test_attention_launch_overrides(kernel_device):
     """The attention overrides (split count, keys per step, warps) change the launch, not the result."""
     torch.manual_seed(5)

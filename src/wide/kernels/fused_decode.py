@@ -69,8 +69,11 @@ class LaunchOverrides:
     """Launch shapes that replace this module's shape rules (None: the rule), for GPU sweeps
     (``launch_overrides``). block_k / num_warps / num_stages: the weight-streaming loops; qkv_slices: row
     slices per head; *_splits: K splits (powers of two); o_block_n / ffn_block_n: output columns per tile;
-    ffn_chunk: channels per FFN producer; norm_tile: elements per step of the norm tails; attn_splits: KV
-    splits of decode attention (any count), attn_block_n: keys per step (a power of two >= 16), attn_warps."""
+    ffn_chunk: channels per FFN producer; down_block_k / down_stages: K step and pipeline depth of the FFN's
+    down-projection loop alone; compact_k (1): the routed O and down loops visit only the K steps of groups
+    some token runs (a list per program) instead of predicating the others off; norm_tile: elements per step of
+    the norm tails; attn_splits: KV splits of decode attention (any count), attn_block_n: keys per step (a power
+    of two >= 16), attn_warps."""
 
     block_k: int | None = None
     num_warps: int | None = None
@@ -82,6 +85,9 @@ class LaunchOverrides:
     ffn_block_n: int | None = None
     ffn_chunk: int | None = None
     ffn_splits: int | None = None
+    down_block_k: int | None = None
+    down_stages: int | None = None
+    compact_k: int | None = None
     norm_tile: int | None = None
     attn_splits: int | None = None
     attn_block_n: int | None = None
@@ -223,26 +229,67 @@ if HAS_TRITON:
         return tl.max(m.to(tl.int32), 0) > 0
 
     @triton.jit
-    def _routed_k_loop(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k_lo, k_hi, K, mask_ptr, B, NG, G,
+    def _k_step(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k0, k_hi, K, run, PRED: tl.constexpr,
+                BLOCK_K: tl.constexpr, PREC: tl.constexpr, CG: tl.constexpr):  # fmt: skip
+        """acc += a[:, k0:k0+BLOCK_K] W[n, k0:k0+BLOCK_K]^T, columns >= k_hi as 0; PRED: every column as 0 unless
+        the scalar run is true (loads predicated off read nothing)."""
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        in_k = offs_k < k_hi
+        if PRED:
+            in_k = in_k & (tl.zeros([BLOCK_K], tl.int32) + run.to(tl.int32) > 0)
+        am = in_m[:, None] & in_k[None, :]
+        if CG:  # written earlier in the same kernel by other programs
+            a = tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=am, other=0.0, cache_modifier=".cg")
+        else:
+            a = tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=am, other=0.0)
+        w = tl.load(w_ptr + offs_n.to(tl.int64)[:, None] * K + offs_k[None, :], mask=in_n[:, None] & in_k[None, :],
+                    other=0.0)  # fmt: skip
+        return tl.dot(a, tl.trans(w), acc, input_precision=PREC)
+
+    @triton.jit
+    def _routed_k_loop(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k_lo, k_hi, K, mask_ptr, B, NG, G, list_ptr,
                        ROUTED: tl.constexpr, BM: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr,
-                       CG: tl.constexpr):  # fmt: skip
+                       CG: tl.constexpr, COMPACT: tl.constexpr, NS_P: tl.constexpr, STAGES: tl.constexpr):  # fmt: skip
         """acc [BM, BLOCK_N] += a[:, k] W[n, k]^T for k in [k_lo, k_hi) (a: [B, K], W: [N, K], row-major),
         reading no column of a group no token runs. BLOCK_K divides the group width G and k_lo is a multiple
         of BLOCK_K, so a step lies in one group and its predicate is one scalar (the loads stay vectorised
-        and the loop pipelined)."""
-        for k0 in range(k_lo, k_hi, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            in_k = offs_k < k_hi
-            if ROUTED:
-                in_k = in_k & (tl.zeros([BLOCK_K], tl.int32) + _any_row(mask_ptr, k0 // G, B, NG, BM).to(tl.int32) > 0)
-            am = in_m[:, None] & in_k[None, :]
-            if CG:  # written earlier in the same kernel by other programs
-                a = tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=am, other=0.0, cache_modifier=".cg")
+        and the loop pipelined). COMPACT (routed): the first columns of the steps whose group some token runs
+        go to this program's list (list_ptr, NS_P >= the range's step count) and the loop visits those only,
+        in K order; the skipped steps add exact zeros otherwise, so both loops give the same bits. STAGES > 0:
+        the loop's own pipeline depth (else the kernel's num_stages)."""
+        if ROUTED and COMPACT:
+            offs_s = tl.arange(0, NS_P)
+            k_s = k_lo + offs_s * BLOCK_K  # [NS_P] each step's first column
+            in_s = k_s < k_hi
+            run = tl.load(mask_ptr + offs_m[:, None] * NG + (k_s // G)[None, :], mask=in_m[:, None] & in_s[None, :],
+                          other=0)  # fmt: skip
+            used = (tl.max(run.to(tl.int32), 0) > 0) & in_s
+            tl.store(list_ptr + tl.cumsum(used.to(tl.int32), 0) - 1, k_s, mask=used)
+            tl.debug_barrier()  # the list, written by the program's threads, read by all of them
+            n_act = tl.sum(used.to(tl.int32), 0)
+            if STAGES > 0:
+                for t in tl.range(0, n_act, num_stages=STAGES):
+                    acc = _k_step(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, tl.load(list_ptr + t), k_hi, K,
+                                  0, False, BLOCK_K, PREC, CG)  # fmt: skip
             else:
-                a = tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=am, other=0.0)
-            w = tl.load(w_ptr + offs_n.to(tl.int64)[:, None] * K + offs_k[None, :], mask=in_n[:, None] & in_k[None, :],
-                        other=0.0)  # fmt: skip
-            acc = tl.dot(a, tl.trans(w), acc, input_precision=PREC)
+                for t in range(0, n_act):
+                    acc = _k_step(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, tl.load(list_ptr + t), k_hi, K,
+                                  0, False, BLOCK_K, PREC, CG)  # fmt: skip
+        else:
+            if STAGES > 0:
+                for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
+                    run = 0
+                    if ROUTED:
+                        run = _any_row(mask_ptr, k0 // G, B, NG, BM)
+                    acc = _k_step(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k0, k_hi, K, run, ROUTED, BLOCK_K,
+                                  PREC, CG)  # fmt: skip
+            else:
+                for k0 in range(k_lo, k_hi, BLOCK_K):
+                    run = 0
+                    if ROUTED:
+                        run = _any_row(mask_ptr, k0 // G, B, NG, BM)
+                    acc = _k_step(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k0, k_hi, K, run, ROUTED, BLOCK_K,
+                                  PREC, CG)  # fmt: skip
         return acc
 
     @triton.jit
@@ -518,10 +565,11 @@ if HAS_TRITON:
         ss_ptr,  # [n_tiles, BM] fp32: each tile's sum of squares per row
         part_ptr,  # [KS, n_tiles, BM, BLOCK_N] fp32 split partials (KS > 1) or dummy
         cnt_ptr,  # n_tiles + 1 counters: splits arrived per tile, tiles done
+        list_ptr,  # [programs, NS_P] int32 scratch (COMPACT) or dummy
         B, D, K, NG, G, K_CHUNK, eps,
         KS: tl.constexpr, ROUTED: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr, T_P: tl.constexpr, RB: tl.constexpr, NB: tl.constexpr, PREC: tl.constexpr,
-        PDL: tl.constexpr,
+        COMPACT: tl.constexpr, NS_P: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         """One program per (BLOCK_N output columns, K split of K_CHUNK): the last split of a tile to arrive
         adds bias and residual; the last tile to finish normalises the new residual rows."""
@@ -536,7 +584,8 @@ if HAS_TRITON:
         in_n = offs_n < D
         acc = tl.zeros([BM, BLOCK_N], tl.float32)
         acc = _routed_k_loop(acc, o_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k_lo, tl.minimum(k_lo + K_CHUNK, K), K,
-                             mask_ptr, B, NG, G, ROUTED, BM, BLOCK_K, PREC, False)  # fmt: skip
+                             mask_ptr, B, NG, G, list_ptr + pid * NS_P, ROUTED, BM, BLOCK_K, PREC, False, COMPACT,
+                             NS_P, 0)  # fmt: skip
         last = True
         if KS > 1:
             last, acc = _split_k_sum(acc, part_ptr, cnt_ptr, tile, n_tiles, pid % KS, KS, BM, BLOCK_N)
@@ -578,13 +627,14 @@ if HAS_TRITON:
         ss_ptr,  # [n_tiles, BM] fp32: each output tile's sum of squares per row
         part_ptr,  # [KS, n_tiles, BM, BLOCK_N] fp32 split partials (KS > 1) or dummy
         cnt_ptr,  # 1 + KS + n_tiles + 1 counters: tickets, producers done per split, splits per tile, tiles
+        list_ptr,  # [consumers, NS_P] int32 scratch (COMPACT) or dummy
         B, D, DF, NG, G, eps,
         KS: tl.constexpr,  # down-projection K splits (split s: groups [s NG / KS, (s + 1) NG / KS))
         CPG: tl.constexpr,  # channel chunks per group (producers: NG * CPG)
         CH: tl.constexpr,  # channels per chunk (G = CPG * CH)
         ROUTED: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BLOCK_K: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_KD: tl.constexpr, T_P: tl.constexpr, RB: tl.constexpr, NB: tl.constexpr,
-        PREC: tl.constexpr, PDL: tl.constexpr,
+        PREC: tl.constexpr, COMPACT: tl.constexpr, NS_P: tl.constexpr, DSTAGES: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         pdl_begin(PDL)
         n_prod = NG * CPG
@@ -634,7 +684,8 @@ if HAS_TRITON:
             _wait_for(cnt_ptr + 1 + s, (g_hi - g_lo) * CPG)  # only this split's producers (earlier tickets)
             acc = tl.zeros([BM, BLOCK_N], tl.float32)
             acc = _routed_k_loop(acc, a_ptr, wd_ptr, offs_m, in_m, offs_n, in_n, g_lo * G, g_hi * G, DF, mask_ptr, B,
-                                 NG, G, ROUTED, BM, BLOCK_KD, PREC, True)  # fmt: skip
+                                 NG, G, list_ptr + j * NS_P, ROUTED, BM, BLOCK_KD, PREC, True, COMPACT, NS_P,
+                                 DSTAGES)  # fmt: skip
             last = True
             if KS > 1:
                 last, acc = _split_k_sum(acc, part_ptr, cnt_ptr + 1 + KS, tile, n_tiles, s, KS, BM, BLOCK_N)
@@ -729,6 +780,17 @@ def ffn_chunk(group: int, n_groups: int, sms: int) -> int:
     while ch > 16 and n_groups * (group // ch) < 2 * sms:
         ch //= 2
     return ch
+
+
+def _compact(mask: torch.Tensor | None, steps: int) -> tuple[bool, int]:
+    """(COMPACT, NS_P) of a routed K loop of at most ``steps`` steps a program: the list-driven loop when the
+    ``compact_k`` override asks for it (routed only), its list length a power of two >= steps."""
+    return mask is not None and bool(_ov("compact_k", 0)), next_pow2(max(steps, 1))
+
+
+def _k_lists(t: torch.Tensor, programs: int, ns_p: int, compact: bool) -> torch.Tensor:
+    """int32 scratch [programs, NS_P]: each program's list of the K steps it visits (COMPACT), else a dummy."""
+    return torch.empty(programs * ns_p if compact else 1, dtype=torch.int32, device=t.device)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -868,12 +930,13 @@ def _o_op(
     chunk = triton.cdiv(triton.cdiv(k, ks), bk) * bk  # a multiple of BLOCK_K: no step straddles a group
     ss = torch.empty(tiles * BLOCK_M, dtype=torch.float32, device=o.device)
     part = torch.empty(ks * tiles * BLOCK_M * bn if ks > 1 else 1, dtype=torch.float32, device=o.device)
+    compact, ns_p = _compact(mask, triton.cdiv(chunk, bk))
     _o_kernel[(tiles * ks,)](
         o, wo, bo if bo is not None else o.new_empty(1), _u8(mask, o), x, xo, norm_w, h, ss, part,
-        tile_counters(o, tiles + 1), b, d, k, ng, g, chunk, eps,
+        tile_counters(o, tiles + 1), _k_lists(o, tiles * ks, ns_p, compact), b, d, k, ng, g, chunk, eps,
         KS=ks, ROUTED=mask is not None, HAS_BIAS=bo is not None, BM=BLOCK_M, BLOCK_N=bn,
-        BLOCK_K=bk, T_P=next_pow2(tiles), **_norm_blocks(b, d, o), PREC=_prec(o), num_warps=nw,
-        **_stages(o), **pdl_launch(o),
+        BLOCK_K=bk, T_P=next_pow2(tiles), **_norm_blocks(b, d, o), PREC=_prec(o), COMPACT=compact, NS_P=ns_p,
+        num_warps=nw, **_stages(o), **pdl_launch(o),
     )  # fmt: skip
     return xo, h
 
@@ -905,18 +968,21 @@ def _ffn_op(
     cpg = group // ch
     bk, nw = _gemv_blocks(h)
     bn = 16 if not h.is_cuda else _ov("ffn_block_n", 64)
+    bkd = largest_pow2_divisor(group, _ov("down_block_k", bk))
     tiles = triton.cdiv(d, bn)
     ks = _ov("ffn_splits", k_splits(tiles, ng, _sms(h)))
+    compact, ns_p = _compact(mask, triton.cdiv(ng, ks) * (group // bkd))
     a = torch.empty(b, df, dtype=h.dtype, device=h.device)
     xo, hn = torch.empty_like(x), torch.empty_like(x)
     ss = torch.empty(tiles * BLOCK_M, dtype=torch.float32, device=h.device)
     part = torch.empty(ks * tiles * BLOCK_M * bn if ks > 1 else 1, dtype=torch.float32, device=h.device)
     _ffn_kernel[(ng * cpg + tiles * ks,)](
         h, w_gate, w_up, w_down, bias if bias is not None else h.new_empty(1), _u8(mask, h), a, x, xo, norm_w, hn,
-        ss, part, tile_counters(h, 2 + ks + tiles), b, d, df, ng, group, eps,
+        ss, part, tile_counters(h, 2 + ks + tiles), _k_lists(h, tiles * ks, ns_p, compact), b, d, df, ng, group, eps,
         KS=ks, CPG=cpg, CH=ch, ROUTED=mask is not None, HAS_BIAS=bias is not None, BM=BLOCK_M,
-        BLOCK_K=min(bk, next_pow2(d)), BLOCK_N=bn, BLOCK_KD=largest_pow2_divisor(group, bk), T_P=next_pow2(tiles),
-        **_norm_blocks(b, d, h), PREC=_prec(h), num_warps=nw, **_stages(h), **pdl_launch(h),
+        BLOCK_K=min(bk, next_pow2(d)), BLOCK_N=bn, BLOCK_KD=bkd, T_P=next_pow2(tiles), **_norm_blocks(b, d, h),
+        PREC=_prec(h), COMPACT=compact, NS_P=ns_p, DSTAGES=_ov("down_stages", 0), num_warps=nw,
+        **_stages(h), **pdl_launch(h),
     )  # fmt: skip
     return xo, hn
 
