@@ -32,21 +32,30 @@ O_CONST = dict(KS=2, HAS_BIAS=False, BM=16, BLOCK_N=64, BLOCK_K=128, T_P=64, RB=
                NS_P=32)
 FFN_CONST = dict(KS=4, CPG=4, CH=32, HAS_BIAS=True, BM=16, BLOCK_K=256, BLOCK_N=64, BLOCK_KD=128, T_P=64, RB=2,
                  NB=2048, PREC="tf32", PDL=False, NS_P=32)
+# (routed, compacted, the down loop's own stages, constants that differ); "down-rule": O's kernel on an 8B down
+# projection at its shape rule (32 columns x 2 splits; K step 256 dense, the group's 128 routed)
+O_VARIANTS = [(False, False, 0, {}), (True, False, 0, {}), (True, True, 0, {})]
+DOWN_VARIANTS = [(False, False, 0, dict(BLOCK_N=32, BLOCK_K=256)), (True, False, 0, dict(BLOCK_N=32))]
+FFN_VARIANTS = [(False, False, 0, {}), (True, False, 0, {}), (True, True, 0, {}), (True, True, 3, {}),
+                (True, False, 3, {})]
 out = []
-for name, fn, args, const in (("o", FD._o_kernel, O_ARGS, O_CONST), ("ffn", FD._ffn_kernel, FFN_ARGS, FFN_CONST)):
+for name, fn, args, const, variants in (("o", FD._o_kernel, O_ARGS, O_CONST, O_VARIANTS),
+                                        ("down-rule", FD._o_kernel, O_ARGS, O_CONST, DOWN_VARIANTS),
+                                        ("ffn", FD._ffn_kernel, FFN_ARGS, FFN_CONST, FFN_VARIANTS)):
     runtime = [a for a in fn.arg_names if a not in {*const, "ROUTED", "COMPACT", "DSTAGES"}]
     assert len(runtime) == len(args), (name, runtime)
-    for routed, compact, dstages in ((False, False, 0), (True, False, 0), (True, True, 0), (True, True, 3),
-                                     (True, False, 3)):
-        if name == "o" and dstages:
-            continue
-        c = dict(const, ROUTED=routed, COMPACT=compact, **({"DSTAGES": dstages} if name == "ffn" else {}))
+    for routed, compact, dstages, extra in variants:
+        c = dict(const, **extra, ROUTED=routed, COMPACT=compact, **({"DSTAGES": dstages} if name == "ffn" else {}))
         sig = dict(zip(runtime, args)) | {k: "constexpr" for k in c}
+        # as a launch specialises them: 16-byte aligned pointers, widths that are multiples of 16
+        div = [i for i, a in enumerate(fn.arg_names) if sig[a][0] == "*" or a in ("D", "K", "G", "K_CHUNK", "DF")]
         src = triton.compiler.ASTSource(fn=fn, signature=sig,
-                                        constexprs={(fn.arg_names.index(k),): v for k, v in c.items()})
+                                        constexprs={(fn.arg_names.index(k),): v for k, v in c.items()},
+                                        attrs={(i,): [["tt.divisibility", 16]] for i in div})
         k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
+        ptx = k.asm["ptx"]
         out.append(dict(kernel=name, routed=routed, compact=compact, dstages=dstages, shared=k.metadata.shared,
-                        ptx_lines=k.asm["ptx"].count("\n"), mma="mma" in k.asm["ptx"]))
+                        ptx_lines=ptx.count("\n"), mma="mma" in ptx, cp_async=ptx.count("cp.async.c")))
 print(json.dumps(out))
 """
 
@@ -59,11 +68,21 @@ def test_fused_o_and_ffn_compile_for_sm90():
         pytest.skip("this Triton has no NVIDIA backend")
     assert res.returncode == 0, res.stderr[-3000:]
     recs = json.loads(res.stdout.strip().splitlines()[-1])
-    assert len(recs) == 8  # O: dense, predicated, compacted; the FFN: the same + the down loop at 3 stages, twice
+    for r in recs:  # pytest -s shows them: shared memory a program, asynchronous copies, PTX size per variant
+        print(json.dumps(r))
+    assert len(recs) == 10  # O: dense, predicated, compacted; down-rule: 2; the FFN: 3 + the down loop's stages x 2
     for r in recs:
         assert r["mma"] and r["ptx_lines"] > 100, r  # tensor-core dots, a real kernel
         assert 0 < r["shared"] <= 227 * 1024, r  # fits one SM's shared memory
+    by = {(r["kernel"], r["routed"], r["compact"], r["dstages"]): r for r in recs}
     # the compacted loop is different code from the predicated one (its list and barrier), not a no-op
-    by = {(r["kernel"], r["routed"], r["compact"], r["dstages"]): r["ptx_lines"] for r in recs}
-    assert by["o", True, True, 0] != by["o", True, False, 0]
-    assert by["ffn", True, True, 0] != by["ffn", True, False, 0]
+    assert by["o", True, True, 0]["ptx_lines"] != by["o", True, False, 0]["ptx_lines"]
+    assert by["ffn", True, True, 0]["ptx_lines"] != by["ffn", True, False, 0]["ptx_lines"]
+    # every K loop is software-pipelined (asynchronous copies into shared memory): O's kernel has no other loop;
+    # in the FFN the producers' loops alone make about two thirds of the copies (docs/kernels.md#fused-decode-layer)
+    assert all(by[("o", *v)]["cp_async"] > 0 for v in ((False, False, 0), (True, False, 0), (True, True, 0)))
+    dense, routed = by["down-rule", False, False, 0], by["down-rule", True, False, 0]
+    assert dense["cp_async"] > 0 and routed["cp_async"] > 0  # both pipelined; the K step sets the shared memory
+    assert dense["shared"] == 2 * routed["shared"]
+    ffn = by["ffn", True, False, 0]["cp_async"]
+    assert all(by["ffn", True, c, s]["cp_async"] > 0.8 * ffn for c, s in ((True, 0), (True, 3), (False, 3)))

@@ -264,17 +264,22 @@ if HAS_TRITON:
             run = tl.load(mask_ptr + offs_m[:, None] * NG + (k_s // G)[None, :], mask=in_m[:, None] & in_s[None, :],
                           other=0)  # fmt: skip
             used = (tl.max(run.to(tl.int32), 0) > 0) & in_s
-            tl.store(list_ptr + tl.cumsum(used.to(tl.int32), 0) - 1, k_s, mask=used)
-            tl.debug_barrier()  # the list, written by the program's threads, read by all of them
+            slot = tl.where(used, tl.cumsum(used.to(tl.int32), 0) - 1, -1)  # [NS_P] rank among the used steps
+            tl.store(list_ptr + slot, k_s, mask=used)
+            tl.debug_barrier()  # the list, written by the program's threads, is read by all of them
             n_act = tl.sum(used.to(tl.int32), 0)
+            # a listed column is a multiple of BLOCK_K: said so, the compiler can prove the loads' alignment and
+            # software-pipeline the loop as it does the predicated one (docs/kernels.md#fused-decode-layer)
             if STAGES > 0:
                 for t in tl.range(0, n_act, num_stages=STAGES):
-                    acc = _k_step(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, tl.load(list_ptr + t), k_hi, K,
-                                  0, False, BLOCK_K, PREC, CG)  # fmt: skip
+                    k0 = tl.multiple_of(tl.load(list_ptr + t), BLOCK_K)
+                    acc = _k_step(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k0, k_hi, K, 0, False, BLOCK_K, PREC,
+                                  CG)  # fmt: skip
             else:
                 for t in range(0, n_act):
-                    acc = _k_step(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, tl.load(list_ptr + t), k_hi, K,
-                                  0, False, BLOCK_K, PREC, CG)  # fmt: skip
+                    k0 = tl.multiple_of(tl.load(list_ptr + t), BLOCK_K)
+                    acc = _k_step(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k0, k_hi, K, 0, False, BLOCK_K, PREC,
+                                  CG)  # fmt: skip
         else:
             if STAGES > 0:
                 for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
