@@ -32,11 +32,11 @@ O_CONST = dict(KS=2, HAS_BIAS=False, BM=16, BLOCK_N=64, BLOCK_K=128, T_P=64, RB=
                NS_P=32)
 FFN_CONST = dict(KS=4, CPG=4, CH=32, HAS_BIAS=True, BM=16, BLOCK_K=256, BLOCK_N=64, BLOCK_KD=128, T_P=64, RB=2,
                  NB=2048, PREC="tf32", PDL=False, NS_P=32)
-# (routed, compacted, the down loop's own stages, constants that differ); "down-rule": O's kernel on an 8B down
-# projection at its shape rule (32 columns x 2 splits; K step 256 dense, the group's 128 routed)
-O_VARIANTS = [(False, False, 0, {}), (True, False, 0, {}), (True, True, 0, {})]
-DOWN_VARIANTS = [(False, False, 0, dict(BLOCK_N=32, BLOCK_K=256)), (True, False, 0, dict(BLOCK_N=32))]
-FFN_VARIANTS = [(False, False, 0, {}), (True, False, 0, {}), (True, True, 0, {}), (True, True, 3, {}),
+# (routed, compacted, the down loop's own stages (None: the kernel's), constants that differ); "down-rule": O's
+# kernel on an 8B down projection at its shape rule (32 columns x 2 splits; K step 256 dense, the group's 128 routed)
+O_VARIANTS = [(False, False, None, {}), (True, False, None, {}), (True, True, None, {})]
+DOWN_VARIANTS = [(False, False, None, dict(BLOCK_N=32, BLOCK_K=256)), (True, False, None, dict(BLOCK_N=32))]
+FFN_VARIANTS = [(False, False, None, {}), (True, False, None, {}), (True, True, None, {}), (True, True, 3, {}),
                 (True, False, 3, {})]
 out = []
 for name, fn, args, const, variants in (("o", FD._o_kernel, O_ARGS, O_CONST, O_VARIANTS),
@@ -76,13 +76,13 @@ def test_fused_o_and_ffn_compile_for_sm90():
         assert 0 < r["shared"] <= 227 * 1024, r  # fits one SM's shared memory
     by = {(r["kernel"], r["routed"], r["compact"], r["dstages"]): r for r in recs}
     # the compacted loop is different code from the predicated one (its list and barrier), not a no-op
-    assert by["o", True, True, 0]["ptx_lines"] != by["o", True, False, 0]["ptx_lines"]
-    assert by["ffn", True, True, 0]["ptx_lines"] != by["ffn", True, False, 0]["ptx_lines"]
+    assert by["o", True, True, None]["ptx_lines"] != by["o", True, False, None]["ptx_lines"]
+    assert by["ffn", True, True, None]["ptx_lines"] != by["ffn", True, False, None]["ptx_lines"]
     # every K loop is software-pipelined (asynchronous copies into shared memory): O's kernel has no other loop;
     # in the FFN the producers' loops alone make about two thirds of the copies (docs/kernels.md#fused-decode-layer)
-    assert all(by[("o", *v)]["cp_async"] > 0 for v in ((False, False, 0), (True, False, 0), (True, True, 0)))
-    dense, routed = by["down-rule", False, False, 0], by["down-rule", True, False, 0]
+    assert all(by["o", r, c, None]["cp_async"] > 0 for r, c in ((False, False), (True, False), (True, True)))
+    dense, routed = by["down-rule", False, False, None], by["down-rule", True, False, None]
     assert dense["cp_async"] > 0 and routed["cp_async"] > 0  # both pipelined; the K step sets the shared memory
     assert dense["shared"] == 2 * routed["shared"]
-    ffn = by["ffn", True, False, 0]["cp_async"]
-    assert all(by["ffn", True, c, s]["cp_async"] > 0.8 * ffn for c, s in ((True, 0), (True, 3), (False, 3)))
+    ffn = by["ffn", True, False, None]["cp_async"]
+    assert all(by["ffn", True, c, s]["cp_async"] > 0.8 * ffn for c, s in ((True, None), (True, 3), (False, 3)))

@@ -255,8 +255,8 @@ if HAS_TRITON:
         of BLOCK_K, so a step lies in one group and its predicate is one scalar (the loads stay vectorised
         and the loop pipelined). COMPACT (routed): the first columns of the steps whose group some token runs
         go to this program's list (list_ptr, NS_P >= the range's step count) and the loop visits those only,
-        in K order; the skipped steps add exact zeros otherwise, so both loops give the same bits. STAGES > 0:
-        the loop's own pipeline depth (else the kernel's num_stages)."""
+        in K order; the skipped steps add exact zeros otherwise, so both loops give the same bits. STAGES: the
+        loop's own pipeline depth (None: the kernel's num_stages)."""
         if ROUTED and COMPACT:
             offs_s = tl.arange(0, NS_P)
             k_s = k_lo + offs_s * BLOCK_K  # [NS_P] each step's first column
@@ -270,31 +270,16 @@ if HAS_TRITON:
             n_act = tl.sum(used.to(tl.int32), 0)
             # a listed column is a multiple of BLOCK_K: said so, the compiler can prove the loads' alignment and
             # software-pipeline the loop as it does the predicated one (docs/kernels.md#fused-decode-layer)
-            if STAGES > 0:
-                for t in tl.range(0, n_act, num_stages=STAGES):
-                    k0 = tl.multiple_of(tl.load(list_ptr + t), BLOCK_K)
-                    acc = _k_step(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k0, k_hi, K, 0, False, BLOCK_K, PREC,
-                                  CG)  # fmt: skip
-            else:
-                for t in range(0, n_act):
-                    k0 = tl.multiple_of(tl.load(list_ptr + t), BLOCK_K)
-                    acc = _k_step(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k0, k_hi, K, 0, False, BLOCK_K, PREC,
-                                  CG)  # fmt: skip
+            for t in tl.range(0, n_act, num_stages=STAGES):
+                k0 = tl.multiple_of(tl.load(list_ptr + t), BLOCK_K)
+                acc = _k_step(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k0, k_hi, K, 0, False, BLOCK_K, PREC, CG)
         else:
-            if STAGES > 0:
-                for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
-                    run = 0
-                    if ROUTED:
-                        run = _any_row(mask_ptr, k0 // G, B, NG, BM)
-                    acc = _k_step(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k0, k_hi, K, run, ROUTED, BLOCK_K,
-                                  PREC, CG)  # fmt: skip
-            else:
-                for k0 in range(k_lo, k_hi, BLOCK_K):
-                    run = 0
-                    if ROUTED:
-                        run = _any_row(mask_ptr, k0 // G, B, NG, BM)
-                    acc = _k_step(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k0, k_hi, K, run, ROUTED, BLOCK_K,
-                                  PREC, CG)  # fmt: skip
+            for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
+                run = 0
+                if ROUTED:
+                    run = _any_row(mask_ptr, k0 // G, B, NG, BM)
+                acc = _k_step(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k0, k_hi, K, run, ROUTED, BLOCK_K, PREC,
+                              CG)  # fmt: skip
         return acc
 
     @triton.jit
@@ -590,7 +575,7 @@ if HAS_TRITON:
         acc = tl.zeros([BM, BLOCK_N], tl.float32)
         acc = _routed_k_loop(acc, o_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k_lo, tl.minimum(k_lo + K_CHUNK, K), K,
                              mask_ptr, B, NG, G, list_ptr + pid * NS_P, ROUTED, BM, BLOCK_K, PREC, False, COMPACT,
-                             NS_P, 0)  # fmt: skip
+                             NS_P, None)  # fmt: skip
         last = True
         if KS > 1:
             last, acc = _split_k_sum(acc, part_ptr, cnt_ptr, tile, n_tiles, pid % KS, KS, BM, BLOCK_N)
@@ -986,7 +971,7 @@ def _ffn_op(
         ss, part, tile_counters(h, 2 + ks + tiles), _k_lists(h, tiles * ks, ns_p, compact), b, d, df, ng, group, eps,
         KS=ks, CPG=cpg, CH=ch, ROUTED=mask is not None, HAS_BIAS=bias is not None, BM=BLOCK_M,
         BLOCK_K=min(bk, next_pow2(d)), BLOCK_N=bn, BLOCK_KD=bkd, T_P=next_pow2(tiles), **_norm_blocks(b, d, h),
-        PREC=_prec(h), COMPACT=compact, NS_P=ns_p, DSTAGES=_ov("down_stages", 0), num_warps=nw,
+        PREC=_prec(h), COMPACT=compact, NS_P=ns_p, DSTAGES=_ov("down_stages", None), num_warps=nw,
         **_stages(h), **pdl_launch(h),
     )  # fmt: skip
     return xo, hn
