@@ -34,7 +34,9 @@ FFN_CONST = dict(KS=4, CPG=4, CH=32, HAS_BIAS=True, BM=16, BLOCK_K=256, BLOCK_N=
                  NB=2048, PREC="tf32", PDL=False, NS_P=32)
 # (routed, compacted, the down loop's own stages (None: the kernel's), constants that differ); "down-rule": O's
 # kernel on an 8B down projection at its shape rule (32 columns x 2 splits; K step 256 dense, the group's 128 routed)
-O_VARIANTS = [(False, False, None, {}), (True, False, None, {}), (True, True, None, {})]
+O_VARIANTS = [(False, False, None, {}), (True, False, None, {}), (True, True, None, {}),
+              (True, False, None, {"num_stages": 5}), (True, True, None, {"num_stages": 5}),
+              (True, True, None, {"num_stages": 7})]
 DOWN_VARIANTS = [(False, False, None, dict(BLOCK_N=32, BLOCK_K=256)), (True, False, None, dict(BLOCK_N=32))]
 FFN_VARIANTS = [(False, False, None, {}), (True, False, None, {}), (True, True, None, {}), (True, True, 3, {}),
                 (True, False, 3, {})]
@@ -45,6 +47,8 @@ for name, fn, args, const, variants in (("o", FD._o_kernel, O_ARGS, O_CONST, O_V
     runtime = [a for a in fn.arg_names if a not in {*const, "ROUTED", "COMPACT", "DSTAGES"}]
     assert len(runtime) == len(args), (name, runtime)
     for routed, compact, dstages, extra in variants:
+        extra = dict(extra)
+        stages = extra.pop("num_stages", 3)
         c = dict(const, **extra, ROUTED=routed, COMPACT=compact, **({"DSTAGES": dstages} if name == "ffn" else {}))
         sig = dict(zip(runtime, args)) | {k: "constexpr" for k in c}
         # as a launch specialises them: 16-byte aligned pointers, widths that are multiples of 16
@@ -52,10 +56,11 @@ for name, fn, args, const, variants in (("o", FD._o_kernel, O_ARGS, O_CONST, O_V
         src = triton.compiler.ASTSource(fn=fn, signature=sig,
                                         constexprs={(fn.arg_names.index(k),): v for k, v in c.items()},
                                         attrs={(i,): [["tt.divisibility", 16]] for i in div})
-        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
+        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": stages})
         ptx = k.asm["ptx"]
-        out.append(dict(kernel=name, routed=routed, compact=compact, dstages=dstages, shared=k.metadata.shared,
-                        ptx_lines=ptx.count("\n"), mma="mma" in ptx, cp_async=ptx.count("cp.async.c")))
+        out.append(dict(kernel=name, routed=routed, compact=compact, dstages=dstages, stages=stages,
+                        shared=k.metadata.shared, ptx_lines=ptx.count("\n"), mma="mma" in ptx,
+                        cp_async=ptx.count("cp.async.c")))
 print(json.dumps(out))
 """
 
@@ -70,11 +75,12 @@ def test_fused_o_and_ffn_compile_for_sm90():
     recs = json.loads(res.stdout.strip().splitlines()[-1])
     for r in recs:  # pytest -s shows them: shared memory a program, asynchronous copies, PTX size per variant
         print(json.dumps(r))
-    assert len(recs) == 10  # O: dense, predicated, compacted; down-rule: 2; the FFN: 3 + the down loop's stages x 2
+    assert len(recs) == 13  # O: dense, predicated, compacted at 3 stages + 3 deeper; down-rule: 2; the FFN: 5
     for r in recs:
         assert r["mma"] and r["ptx_lines"] > 100, r  # tensor-core dots, a real kernel
         assert 0 < r["shared"] <= 227 * 1024, r  # fits one SM's shared memory
-    by = {(r["kernel"], r["routed"], r["compact"], r["dstages"]): r for r in recs}
+    by = {(r["kernel"], r["routed"], r["compact"], r["dstages"]): r for r in recs if r["stages"] == 3}
+    deep = {(r["compact"], r["stages"]): r["shared"] for r in recs if r["kernel"] == "o" and r["routed"]}
     # the compacted loop is different code from the predicated one (its list and barrier), not a no-op
     assert by["o", True, True, None]["ptx_lines"] != by["o", True, False, None]["ptx_lines"]
     assert by["ffn", True, True, None]["ptx_lines"] != by["ffn", True, False, None]["ptx_lines"]
@@ -84,5 +90,10 @@ def test_fused_o_and_ffn_compile_for_sm90():
     dense, routed = by["down-rule", False, False, None], by["down-rule", True, False, None]
     assert dense["cp_async"] > 0 and routed["cp_async"] > 0  # both pipelined; the K step sets the shared memory
     assert dense["shared"] == 2 * routed["shared"]
+    # buffers in flight: the predicated loop holds stages - 1 weight tiles, the list-driven one about (stages - 1) / 2
+    # (its list load takes stages of its own), so it needs 5+ stages to hold as many bytes (docs/kernels.md)
+    assert deep[False, 5] == 2 * deep[False, 3]
+    assert deep[True, 3] < deep[False, 3] and 1.9 < deep[True, 5] / deep[True, 3] < 2.1
+    assert 2.9 < deep[True, 7] / deep[True, 3] < 3.1
     ffn = by["ffn", True, False, None]["cp_async"]
     assert all(by["ffn", True, c, s]["cp_async"] > 0.8 * ffn for c, s in ((True, None), (True, 3), (False, 3)))
