@@ -1,9 +1,11 @@
-"""The fused decode layer's O and FFN kernels compile for Hopper (sm_90) on any machine.
+"""The fused decode layer's kernels compile for Hopper (sm_90) on any machine.
 
 Triton's NVIDIA backend and ptxas ship with its wheel, so a CPU box can build the PTX an H200 would run. The
-interpreter tests check what the kernels compute; this checks that the GPU compiler accepts every variant of
-their weight loops (routed or dense, the predicated or the compacted K loop, the down loop's own pipeline depth),
-which the interpreter does not. It runs in a subprocess: the test session imports the kernels interpreted.
+interpreter tests check what the kernels compute; this checks what they compile to, which the interpreter cannot:
+that the GPU compiler accepts every variant (QKV dense / routed / with bias and q/k norm, attention, norm, and O's
+and the FFN's weight loops: routed or dense, predicated or compacted, the down loop's own pipeline depth), that
+every weight and KV loop is software-pipelined, and how many weight tiles each loop holds in flight. It runs in a
+subprocess: the test session imports the kernels interpreted. ``pytest -s`` prints each variant's record.
 """
 
 from __future__ import annotations
@@ -40,32 +42,50 @@ O_VARIANTS = [(False, False, None, {}), (True, False, None, {}), (True, True, No
 DOWN_VARIANTS = [(False, False, None, dict(BLOCK_N=32, BLOCK_K=256)), (True, False, None, dict(BLOCK_N=32))]
 FFN_VARIANTS = [(False, False, None, {}), (True, False, None, {}), (True, True, None, {}), (True, True, 3, {}),
                 (True, False, 3, {})]
+# as a launch specialises them: 16-byte aligned pointers, widths and strides that are multiples of 16
+DIV = {"D", "K", "G", "K_CHUNK", "DF", "s_kb", "s_ks", "s_kh", "s_vb", "s_vs", "s_vh"}
+
+
+def build(name, fn, args, const, stages=3, warps=4, **rec):
+    runtime = [a for a in fn.arg_names if a not in const]
+    assert len(runtime) == len(args), (name, runtime)
+    sig = dict(zip(runtime, args)) | {k: "constexpr" for k in const}
+    div = [i for i, a in enumerate(fn.arg_names) if sig[a][0] == "*" or a in DIV]
+    src = triton.compiler.ASTSource(fn=fn, signature=sig,
+                                    constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
+                                    attrs={(i,): [["tt.divisibility", 16]] for i in div})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    ptx = k.asm["ptx"]
+    out.append(dict(kernel=name, **rec, stages=stages, shared=k.metadata.shared, ptx_lines=ptx.count("\n"),
+                    mma="mma" in ptx, cp_async=ptx.count("cp.async.c")))
+
+
 out = []
 for name, fn, args, const, variants in (("o", FD._o_kernel, O_ARGS, O_CONST, O_VARIANTS),
                                         ("down-rule", FD._o_kernel, O_ARGS, O_CONST, DOWN_VARIANTS),
                                         ("ffn", FD._ffn_kernel, FFN_ARGS, FFN_CONST, FFN_VARIANTS)):
-    runtime = [a for a in fn.arg_names if a not in {*const, "ROUTED", "COMPACT", "DSTAGES"}]
-    assert len(runtime) == len(args), (name, runtime)
     for routed, compact, dstages, extra in variants:
         extra = dict(extra)
         stages = extra.pop("num_stages", 3)
         c = dict(const, **extra, ROUTED=routed, COMPACT=compact, **({"DSTAGES": dstages} if name == "ffn" else {}))
-        sig = dict(zip(runtime, args)) | {k: "constexpr" for k in c}
-        # as a launch specialises them: 16-byte aligned pointers, widths that are multiples of 16
-        div = [i for i, a in enumerate(fn.arg_names) if sig[a][0] == "*" or a in ("D", "K", "G", "K_CHUNK", "DF")]
-        src = triton.compiler.ASTSource(fn=fn, signature=sig,
-                                        constexprs={(fn.arg_names.index(k),): v for k, v in c.items()},
-                                        attrs={(i,): [["tt.divisibility", 16]] for i in div})
-        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": stages})
-        ptx = k.asm["ptx"]
-        out.append(dict(kernel=name, routed=routed, compact=compact, dstages=dstages, stages=stages,
-                        shared=k.metadata.shared, ptx_lines=ptx.count("\n"), mma="mma" in ptx,
-                        cp_async=ptx.count("cp.async.c")))
+        build(name, fn, args, c, stages, routed=routed, compact=compact, dstages=dstages)
+# the rest of the layer at Llama-3.1-8B shapes: QKV (dense; routed; routed + bias + Qwen3 q/k norm), attention, norm
+QKV_ARGS = [BF] * 3 + [U8, F32, F32, BF, BF, "*i64", BF, BF, BF, F32, I32] + ["i32"] * 3 + ["fp32"] + ["i32"] * 6
+QKV_CONST = dict(KS=2, HQ=32, HK=8, HEAD_D=128, BM=16, BLOCK_K=256, PREC="tf32", PDL=False)
+for routed, extra in ((False, dict(RS=2, HAS_BIAS=False, QK_NORM=False)), (True, dict(RS=2, HAS_BIAS=False,
+                      QK_NORM=False)), (True, dict(RS=1, HAS_BIAS=True, QK_NORM=True))):
+    build("qkv", FD._qkv_kernel, QKV_ARGS, dict(QKV_CONST, ROUTED=routed, **extra), routed=routed, compact=False,
+          dstages=None)
+ATTN_ARGS = [BF, BF, BF, I32, U8, BF, F32, F32, I32, "fp32", "i32"] + ["i32"] * 6
+build("attn", FD._attn_kernel, ATTN_ARGS, dict(HQ=32, HK=8, HPG_P=16, HEAD_D=128, BLOCK_N=64, NUM_SPLITS=16, NS_P=16,
+      PREC="tf32", PDL=False), warps=8, routed=True, compact=False, dstages=None)
+build("norm", FD._norm_kernel, [BF, BF, BF, "i32", "i32", "fp32"], dict(RB=2, NB=2048, PDL=False), routed=False,
+      compact=False, dstages=None)
 print(json.dumps(out))
 """
 
 
-def test_fused_o_and_ffn_compile_for_sm90():
+def test_fused_decode_kernels_compile_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT / "src")
     res = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=900)
@@ -75,9 +95,9 @@ def test_fused_o_and_ffn_compile_for_sm90():
     recs = json.loads(res.stdout.strip().splitlines()[-1])
     for r in recs:  # pytest -s shows them: shared memory a program, asynchronous copies, PTX size per variant
         print(json.dumps(r))
-    assert len(recs) == 13  # O: dense, predicated, compacted at 3 stages + 3 deeper; down-rule: 2; the FFN: 5
+    assert len(recs) == 18  # O: dense, predicated, compacted at 3 stages + 3 deeper; down-rule: 2; the FFN: 5; + 5
     for r in recs:
-        assert r["mma"] and r["ptx_lines"] > 100, r  # tensor-core dots, a real kernel
+        assert r["ptx_lines"] > 100 and (r["mma"] or r["kernel"] == "norm"), r  # tensor-core dots, a real kernel
         assert 0 < r["shared"] <= 227 * 1024, r  # fits one SM's shared memory
     by = {(r["kernel"], r["routed"], r["compact"], r["dstages"]): r for r in recs if r["stages"] == 3}
     deep = {(r["compact"], r["stages"]): r["shared"] for r in recs if r["kernel"] == "o" and r["routed"]}
@@ -97,3 +117,4 @@ def test_fused_o_and_ffn_compile_for_sm90():
     assert 2.9 < deep[True, 7] / deep[True, 3] < 3.1
     ffn = by["ffn", True, False, None]["cp_async"]
     assert all(by["ffn", True, c, s]["cp_async"] > 0.8 * ffn for c, s in ((True, None), (True, 3), (False, 3)))
+    assert all(r["cp_async"] > 0 for r in recs if r["kernel"] in ("qkv", "attn"))  # their weight / KV loops too
