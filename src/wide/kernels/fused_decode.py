@@ -774,8 +774,10 @@ def ffn_chunk(group: int, n_groups: int, sms: int) -> int:
 
 def _compact(mask: torch.Tensor | None, steps: int) -> tuple[bool, int]:
     """(COMPACT, NS_P) of a routed K loop of at most ``steps`` steps a program: the list-driven loop when the
-    ``compact_k`` override asks for it (routed only), its list length a power of two >= steps."""
-    return mask is not None and bool(_ov("compact_k", 0)), next_pow2(max(steps, 1))
+    ``compact_k`` override asks for it (routed only), its list length a power of two >= steps; 1 without a list,
+    so that the predicated loop's compiled kernel does not depend on the step count."""
+    compact = mask is not None and bool(_ov("compact_k", 0))
+    return compact, next_pow2(max(steps, 1)) if compact else 1
 
 
 def _k_lists(t: torch.Tensor, programs: int, ns_p: int, compact: bool) -> torch.Tensor:
