@@ -314,12 +314,12 @@ def test_split_k_paths(kernel_device, ks):
 @pytest.mark.parametrize("mode", ["all", "random", "none", "one"])
 @pytest.mark.parametrize("b", [1, 3, 16])
 def test_compacted_k_loops_read_the_same_bits(kernel_device, mode, b):
-    """compact_k: O's and down's routed K loops visit only the steps of groups some token runs (a list per
-    program); the skipped steps added exact zeros before, so the outputs are bit-identical to the predicated
-    loops, also with the down loop's own K step and pipeline depth, and no column of a skipped group is read
-    (poisoned with NaN). Odd sizes: D 40 / 72 (not a multiple of the output tiles), GQA 7:1 and 3:1."""
+    """The rule: O's and down's routed K loops visit only the steps of groups some token runs (a list per
+    program); the skipped steps add exact zeros in the predicated loops (``compact_k=0``), so the outputs are
+    bit-identical to theirs, also with the down loop's own K step and pipeline depth, and no column of a skipped
+    group is read (poisoned with NaN). Odd sizes: D 40 / 72 (not a multiple of the output tiles), GQA 7:1 and 3:1."""
     torch.manual_seed(b)
-    dm, df, g = 40, 96, 16
+    dm, df, g = 40, 160, 32
     h, x, nw = torch.randn(b, dm), torch.randn(b, dm), torch.rand(dm) + 0.5
     wg, wu, wd = torch.randn(df, dm) / dm**0.5, torch.randn(df, dm) / dm**0.5, torch.randn(dm, df) / df**0.5
     if mode == "one":  # one group run by one token: every other step of every split skipped
@@ -332,10 +332,10 @@ def test_compacted_k_loops_read_the_same_bits(kernel_device, mode, b):
     wg[off], wu[off], wd[:, off] = float("nan"), float("nan"), float("nan")
     args = _to(kernel_device, h, wg, wu, wd, mask, x, nw)
     xr, hr = FD.ffn_residual_norm_ref(h, wg.nan_to_num(), wu.nan_to_num(), wd.nan_to_num(), mask, x, nw, 1e-5)
-    for shapes in ({}, {"ffn_splits": 2}, {"down_block_k": 8, "down_stages": 2}):
-        with FD.launch_overrides(**shapes):
+    for shapes in ({}, {"ffn_splits": 2}, {"down_block_k": 16, "down_stages": 2}):
+        with FD.launch_overrides(compact_k=0, **shapes):
             base = FD.ffn_residual_norm(*args, 1e-5, g)
-        with FD.launch_overrides(compact_k=1, **shapes):
+        with FD.launch_overrides(**shapes):  # the rule: compacted
             out = FD.ffn_residual_norm(*args, 1e-5, g)
         torch.testing.assert_close(base[0].cpu(), xr, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(base[1].cpu(), hr, rtol=1e-5, atol=1e-5)
@@ -350,9 +350,9 @@ def test_compacted_k_loops_read_the_same_bits(kernel_device, mode, b):
         wo[:, ~mo.any(0).repeat_interleave(hq // hk * d)] = float("nan")
         oargs = _to(kernel_device, o, wo, None, mo, xo_, torch.rand(72) + 0.5)
         for shapes in ({}, {"o_splits": 4}):
-            with FD.launch_overrides(**shapes):
+            with FD.launch_overrides(compact_k=0, **shapes):
                 base = FD.o_proj_residual_norm(*oargs, 1e-5)
-            with FD.launch_overrides(compact_k=1, **shapes):
+            with FD.launch_overrides(**shapes):
                 out = FD.o_proj_residual_norm(*oargs, 1e-5)
             assert not torch.isnan(base[0]).any()
             assert torch.equal(out[0], base[0]) and torch.equal(out[1], base[1]), (hq, hk, shapes)
@@ -381,6 +381,11 @@ def test_launch_overrides_are_checked_and_scoped():
         FD.launch_overrides(o_splits=3).__enter__()
     with pytest.raises(ValueError, match="power of two"):
         FD.launch_overrides(attn_block_n=48).__enter__()
+    for k in ("block_k", "down_block_k"):  # a GPU tensor-core dot needs K >= 16; the interpreter does not
+        with pytest.raises(ValueError, match="at least 16"):
+            FD.launch_overrides(**{k: 8}).__enter__()
+    with pytest.raises(ValueError, match="0 or 1"):
+        FD.launch_overrides(compact_k=2).__enter__()
     FD.launch_overrides(attn_splits=3)  # any KV split count
     with FD.launch_overrides(o_splits=4) as ov:
         assert ov.o_splits == 4 and ov.ffn_splits is None

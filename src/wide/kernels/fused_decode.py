@@ -70,10 +70,10 @@ class LaunchOverrides:
     (``launch_overrides``). block_k / num_warps / num_stages: the weight-streaming loops; qkv_slices: row
     slices per head; *_splits: K splits (powers of two); o_block_n / ffn_block_n: output columns per tile;
     ffn_chunk: channels per FFN producer; down_block_k / down_stages: K step and pipeline depth of the FFN's
-    down-projection loop alone; compact_k (1): the routed O and down loops visit only the K steps of groups
-    some token runs (a list per program) instead of predicating the others off; norm_tile: elements per step of
-    the norm tails; attn_splits: KV splits of decode attention (any count), attn_block_n: keys per step (a power
-    of two >= 16), attn_warps."""
+    down-projection loop alone (block_k and down_block_k >= 16, a tensor-core dot's K); compact_k: 1 (the rule)
+    the routed O and down loops visit only the K steps of groups some token runs (a list per program), 0 they
+    predicate the others off; norm_tile: elements per step of the norm tails; attn_splits: KV splits of decode
+    attention (any count), attn_block_n: keys per step (a power of two >= 16), attn_warps."""
 
     block_k: int | None = None
     num_warps: int | None = None
@@ -96,11 +96,15 @@ class LaunchOverrides:
     def __post_init__(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
-            if v is not None and (not isinstance(v, int) or v < 1):
+            if f.name == "compact_k" and v not in (None, 0, 1):
+                raise ValueError(f"launch override compact_k must be 0 or 1, got {v!r}")
+            if f.name != "compact_k" and v is not None and (not isinstance(v, int) or v < 1):
                 raise ValueError(f"launch override {f.name} must be a positive int, got {v!r}")
             pow2 = f.name.endswith("_splits") and f.name != "attn_splits" or f.name == "attn_block_n"
             if v is not None and pow2 and v & (v - 1):
                 raise ValueError(f"launch override {f.name} must be a power of two, got {v}")
+            if v is not None and f.name in ("block_k", "down_block_k") and v < 16:  # a tensor-core dot's K
+                raise ValueError(f"launch override {f.name} must be at least 16, got {v}")
 
 
 _OVERRIDES: ContextVar[LaunchOverrides | None] = ContextVar("wide_fused_launch", default=None)  # None: no overrides
@@ -719,9 +723,15 @@ def _gemv_blocks(t: torch.Tensor) -> tuple[int, int]:
     return _ov("block_k", 256), _ov("num_warps", 4)
 
 
-def _stages(t: torch.Tensor) -> dict:
-    stages = _ov("num_stages", None)
+def _stages(t: torch.Tensor, rule: int | None = None) -> dict:
+    """The kernel's num_stages: the override, else ``rule``, else Triton's default."""
+    stages = _ov("num_stages", rule)
     return {"num_stages": stages} if t.is_cuda and stages is not None else {}
+
+
+# A list-driven K loop keeps about (stages - 1) / 2 weight tiles in flight where the predicated loop keeps
+# stages - 1, so it runs deeper than Triton's default (docs/kernels.md#fused-decode-layer).
+COMPACT_STAGES = 5
 
 
 def _norm_blocks(b: int, d: int, t: torch.Tensor) -> dict:
@@ -773,10 +783,10 @@ def ffn_chunk(group: int, n_groups: int, sms: int) -> int:
 
 
 def _compact(mask: torch.Tensor | None, steps: int) -> tuple[bool, int]:
-    """(COMPACT, NS_P) of a routed K loop of at most ``steps`` steps a program: the list-driven loop when the
-    ``compact_k`` override asks for it (routed only), its list length a power of two >= steps; 1 without a list,
-    so that the predicated loop's compiled kernel does not depend on the step count."""
-    compact = mask is not None and bool(_ov("compact_k", 0))
+    """(COMPACT, NS_P) of a routed K loop of at most ``steps`` steps a program: the list-driven loop (the rule;
+    ``compact_k=0`` predicates instead), its list length a power of two >= steps; 1 without a list, so that the
+    predicated loop's compiled kernel does not depend on the step count."""
+    compact = mask is not None and bool(_ov("compact_k", 1))
     return compact, next_pow2(max(steps, 1)) if compact else 1
 
 
@@ -928,7 +938,7 @@ def _o_op(
         tile_counters(o, tiles + 1), _k_lists(o, tiles * ks, ns_p, compact), b, d, k, ng, g, chunk, eps,
         KS=ks, ROUTED=mask is not None, HAS_BIAS=bo is not None, BM=BLOCK_M, BLOCK_N=bn,
         BLOCK_K=bk, T_P=next_pow2(tiles), **_norm_blocks(b, d, o), PREC=_prec(o), COMPACT=compact, NS_P=ns_p,
-        num_warps=nw, **_stages(o), **pdl_launch(o),
+        num_warps=nw, **_stages(o, COMPACT_STAGES if compact else None), **pdl_launch(o),
     )  # fmt: skip
     return xo, h
 
@@ -973,8 +983,8 @@ def _ffn_op(
         ss, part, tile_counters(h, 2 + ks + tiles), _k_lists(h, tiles * ks, ns_p, compact), b, d, df, ng, group, eps,
         KS=ks, CPG=cpg, CH=ch, ROUTED=mask is not None, HAS_BIAS=bias is not None, BM=BLOCK_M,
         BLOCK_K=min(bk, next_pow2(d)), BLOCK_N=bn, BLOCK_KD=bkd, T_P=next_pow2(tiles), **_norm_blocks(b, d, h),
-        PREC=_prec(h), COMPACT=compact, NS_P=ns_p, DSTAGES=_ov("down_stages", None), num_warps=nw,
-        **_stages(h), **pdl_launch(h),
+        PREC=_prec(h), COMPACT=compact, NS_P=ns_p, DSTAGES=_ov("down_stages", COMPACT_STAGES if compact else None),
+        num_warps=nw, **_stages(h), **pdl_launch(h),
     )  # fmt: skip
     return xo, hn
 
