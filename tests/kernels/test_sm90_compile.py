@@ -30,10 +30,10 @@ from wide.kernels import fused_decode as FD
 BF, F32, I32, U8 = "*bf16", "*fp32", "*i32", "*u8"
 O_ARGS = [BF] * 3 + [U8] + [BF] * 4 + [F32, F32, I32, I32] + ["i32"] * 6 + ["fp32"]
 FFN_ARGS = [BF] * 5 + [U8] + [BF] * 5 + [F32, F32, I32, I32] + ["i32"] * 5 + ["fp32"]
-O_CONST = dict(KS=2, HAS_BIAS=False, BM=16, BLOCK_N=64, BLOCK_K=128, T_P=64, RB=2, NB=2048, PREC="tf32", PDL=False,
+O_CONST = dict(KS=2, HAS_BIAS=False, BM=16, BLOCK_N=64, BLOCK_K=128, T_P=64, RB=2, NB=4096, PREC="tf32", PDL=False,
                NS_P=32)
 FFN_CONST = dict(KS=4, CPG=4, CH=32, HAS_BIAS=True, BM=16, BLOCK_K=256, BLOCK_N=64, BLOCK_KD=128, T_P=64, RB=2,
-                 NB=2048, PREC="tf32", PDL=False, NS_P=32)
+                 NB=4096, PREC="tf32", PDL=False, NS_P=32)
 # (routed, compacted, the down loop's own stages (None: the kernel's), constants that differ); "down-rule": O's
 # kernel on an 8B down projection at its shape rule (32 columns x 2 splits; K step 256 dense, the group's 128 routed)
 O_VARIANTS = [(False, False, None, {}), (True, False, None, {}), (True, True, None, {}),
@@ -79,7 +79,7 @@ for routed, extra in ((False, dict(RS=2, HAS_BIAS=False, QK_NORM=False)), (True,
 ATTN_ARGS = [BF, BF, BF, I32, U8, BF, F32, F32, I32, "fp32", "i32"] + ["i32"] * 6
 build("attn", FD._attn_kernel, ATTN_ARGS, dict(HQ=32, HK=8, HPG_P=16, HEAD_D=128, BLOCK_N=64, NUM_SPLITS=16, NS_P=16,
       PREC="tf32", PDL=False), warps=8, routed=True, compact=False, dstages=None)
-build("norm", FD._norm_kernel, [BF, BF, BF, "i32", "i32", "fp32"], dict(RB=2, NB=2048, PDL=False), routed=False,
+build("norm", FD._norm_kernel, [BF, BF, BF, "i32", "i32", "fp32"], dict(RB=2, NB=4096, PDL=False), routed=False,
       compact=False, dstages=None)
 print(json.dumps(out))
 """

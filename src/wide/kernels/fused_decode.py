@@ -735,11 +735,12 @@ COMPACT_STAGES = 5
 
 
 def _norm_blocks(b: int, d: int, t: torch.Tensor) -> dict:
-    """Row and column tile of the single-program RMSNorm passes: [RB, NB] with RB * NB = 4096 elements on the
-    GPU (few dependent steps, while the tail's registers stay below the weight loop's: the tail shares the
-    kernel's register budget and so its occupancy), 256 in the interpreter."""
+    """Row and column tile of the single-program RMSNorm passes: [RB, NB] with RB * NB = 16384 elements on the
+    GPU, 256 in the interpreter. The pass runs in one program after every tile is done, so its dependent steps
+    are on the critical path; wider steps win over the registers they take from the kernel (a sweep of
+    ``norm_tile``, docs/kernels.md#fused-decode-layer)."""
     rb = max(2, next_pow2(b))
-    total = _ov("norm_tile", 4096) if t.is_cuda else 256
+    total = _ov("norm_tile", 16384) if t.is_cuda else 256
     return {"RB": rb, "NB": max(16, min(next_pow2(d), total // rb))}
 
 
