@@ -8,7 +8,8 @@ down projection alone through O's kernel (``down``); the FFN's two halves throug
 (``gateup-unfused``, ``down-unfused``: ``routed_swiglu`` / ``routed_gemm_k`` on the 'small' path, autotuned, which
 launch overrides do not change: run them with ``--grid '[{}]'``); the router of rank 32 over the FFN's groups) and
 each launch configuration (``wide.kernels.fused_decode.launch_overrides``; the router: ``router_decisions(config=
-...)``), B 1 and 16, dense (no mask) and routed (each token runs a random half of the groups): the time per call
+...)``), B 1 and 16, dense (no mask) and routed (each token skips each group with probability ``--skip``, 0.5 by
+default): the time per call
 (``wide.bench.timing.time_calls``: a CUDA graph of back-to-back calls on rotated weight copies larger than L2), the
 bytes of weights the call reads (groups no token runs are not read) and the TB/s that makes; cuBLAS's ``F.linear``
 of the same matrices (dense; attention: SDPA on the same cache, transposed; the router: none) as the yardstick.
@@ -38,6 +39,7 @@ from wide.kernels.router import default_config, router_margin_kernel, router_mar
 
 D, HQ, HK, HD, DF, G, CTX, RANK = 4096, 32, 8, 128, 14336, 128, 4096, 32
 DEV, DTYPE = "cuda", torch.bfloat16
+SKIP = 0.5  # --skip: the probability that a token skips a group in the routed cases
 # --smoke: the interpreter on a CPU, in fp32 (the interpreter's bf16 arithmetic is not the GPU's)
 SMOKE = dict(D=128, HQ=4, HK=2, HD=32, DF=256, G=32, CTX=96, RANK=8, DEV="cpu", DTYPE=torch.float32)
 
@@ -89,7 +91,7 @@ def err_ok(out: torch.Tensor, ref32: torch.Tensor, ref_bf16: torch.Tensor) -> tu
 def rand_mask(b: int, ng: int, routed: bool, gen: torch.Generator) -> torch.Tensor | None:
     if not routed:
         return None
-    return (torch.rand(b, ng, generator=gen) < 0.5).to(DEV)
+    return (torch.rand(b, ng, generator=gen) >= SKIP).to(DEV)
 
 
 def qkv_case(b: int, routed: bool, gen: torch.Generator):
@@ -178,7 +180,7 @@ def unfused_case(b: int, routed: bool, gen: torch.Generator, down: bool):
     so that each half of the fused FFN has a yardstick. Dense: every group (the same kernels)."""
     mask = rand_mask(b, DF // G, routed, gen)
     run = torch.ones(b, DF // G, dtype=torch.bool, device=DEV) if mask is None else mask
-    route = plan_route(run, plan(b, G, DF // G, 0.5, force_mn="small", force_k="small"))
+    route = plan_route(run, plan(b, G, DF // G, SKIP, force_mn="small", force_k="small"))
     h = torch.randn(b, D, device=DEV, dtype=DTYPE)
     active = run.any(0).float().mean().item()
     if down:
@@ -278,13 +280,15 @@ def main() -> None:
     ap.add_argument("--kernels", default="qkv,attn,o,ffn,router")
     ap.add_argument("--budget-s", type=float, default=240.0)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (TRITON_INTERPRET=1)")
+    ap.add_argument("--skip", type=float, default=SKIP, help="routed cases: the probability a token skips a group")
     ap.add_argument("--once", action="store_true", help="each configuration runs once, checked, not timed (for a "
                     "profiler such as ncu, scripts/device/decode.sh NCU_S)")  # fmt: skip
     ap.add_argument("--grid", default=None, help="a JSON list of overrides that replaces every kernel's grid "
                     "(then no second pass), e.g. '[{}, {\"attn_splits\": 32}]'")  # fmt: skip
     args = ap.parse_args()
-    if args.smoke:
-        globals().update(SMOKE)
+    if not 0.0 <= args.skip <= 1.0:
+        ap.error(f"--skip must be in [0, 1], got {args.skip}")
+    globals().update(SKIP=args.skip, **(SMOKE if args.smoke else {}))
     t0 = time.time()
     rows: list[dict] = []
     meta = {"command": "python scripts/tune_fused_decode.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in
@@ -320,7 +324,8 @@ def main() -> None:
         call, n_copies, check, nbytes, _, dense_bytes = case
         if time.time() - t0 > args.budget_s:
             return None
-        rec = {"kernel": name, "B": b, "routed": routed, "tune": cfg, "bytes": nbytes, "cublas_ms": cublas_ms,
+        rec = {"kernel": name, "B": b, "routed": routed, "skip": SKIP if routed else 0.0, "tune": cfg, "bytes": nbytes,
+               "cublas_ms": cublas_ms,
                "cublas_tb_per_s": dense_bytes / (cublas_ms * 1e-3) / 1e12 if cublas_ms else None}  # fmt: skip
         _ROUTER_CONFIG.clear()
         if name == "router":

@@ -38,11 +38,27 @@ def test_timed_run_records_times(tmp_path):
     assert len(recs) == 2 and all(r["err_ok"] and r["ms"] > 0 and r["cublas_ms"] > 0 for r in recs)
 
 
-def test_unfused_halves_and_compacted_loops_are_checked(tmp_path):
-    """The FFN's halves through the unfused kernels, and the compacted K loops (``compact_k``), pass the check."""
+def test_unfused_halves_and_predicated_loops_are_checked(tmp_path):
+    """The FFN's halves through the unfused kernels, and the predicated K loops (``compact_k=0``; the rule
+    compacts), pass the check."""
     recs = _run(tmp_path, "--once", "--kernels", "gateup-unfused,down-unfused,ffn", "--grid",
-                '[{}, {"compact_k": 1, "down_block_k": 16, "down_stages": 2}]')  # fmt: skip
+                '[{}, {"compact_k": 0, "down_block_k": 16, "down_stages": 2}]')  # fmt: skip
     assert len(recs) == 12 and all(r["err_ok"] for r in recs), [r for r in recs if not r.get("err_ok")]
     half = {(r["kernel"], r["routed"]): r["bytes"] for r in recs}
     assert half["gateup-unfused", True] < half["gateup-unfused", False]  # groups no token runs are not read
     assert half["gateup-unfused", False] == 2 * half["down-unfused", False]  # gate and up: two D' x D matrices
+
+
+@pytest.mark.parametrize("skip", ["0", "1"])
+def test_skip_sets_the_routed_draw(tmp_path, skip):
+    """--skip: every group runs (0: the routed case reads the dense bytes) or none does (1: no weight bytes),
+    and both pass the check; the records carry the rate. Out of [0, 1]: a one-line error."""
+    recs = _run(tmp_path, "--once", "--kernels", "ffn,o", "--grid", "[{}]", "--skip", skip)
+    assert all(r["err_ok"] for r in recs) and {r["skip"] for r in recs if r["routed"]} == {float(skip)}
+    by = {(r["kernel"], r["routed"]): r["bytes"] for r in recs}
+    for k in ("ffn", "o"):
+        assert by[k, True] == (by[k, False] if skip == "0" else 0)
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT / "src"))
+    bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "tune_fused_decode.py"), "--smoke", "--skip", "1.5"],
+                         env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert bad.returncode == 2 and "--skip must be in [0, 1]" in bad.stderr
