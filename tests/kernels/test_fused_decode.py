@@ -270,14 +270,6 @@ def test_o_proj_bf16_rule_on_gpu(b):
     out = FD.o_proj_residual_norm(lp[0], lp[1], None, mask, lp[2], lp[3], 1e-5)
     assert_close_to_ref(out[0], ref32[0], ref_lp[0])
     assert_close_to_ref(out[1], ref32[1], ref_lp[1])
-    # asking the L2 for another buffer's bytes (the l2_prefetch_kb override, up to past the buffer's end) changes
-    # no bit; an odd-sized 5 MB buffer pair stands in for the FFN's gate / up weights
-    pf = torch.empty(5 * 2**20 + 48, dtype=torch.uint8, device=dev), torch.empty(5 * 2**20, dtype=torch.uint8,
-                                                                                 device=dev)  # fmt: skip
-    for kb in (16, 3000, 10**6):
-        with FD.launch_overrides(l2_prefetch_kb=kb):
-            again = FD.o_proj_residual_norm(lp[0], lp[1], None, mask, lp[2], lp[3], 1e-5, prefetch=pf)
-        assert torch.equal(again[0], out[0]) and torch.equal(again[1], out[1])
 
 
 @gpu
@@ -380,13 +372,6 @@ def test_attention_launch_overrides(kernel_device):
     with FD.launch_overrides(attn_splits=5, attn_block_n=32, attn_warps=2):
         out = FD.attention_decode_merged(q, kc, vc, lens, mask, len_add=1)
     torch.testing.assert_close(out.cpu(), ref, rtol=1e-4, atol=1e-4)
-
-
-def test_prefetch_buffers_are_checked():
-    o, wo, x, nw = torch.zeros(1, 64), torch.zeros(32, 64), torch.zeros(1, 32), torch.ones(32)
-    with pytest.raises(ValueError, match="contiguous"):
-        FD.o_proj_residual_norm(o, wo, None, None, x, nw, 1e-5, prefetch=(torch.zeros(4, 4).t(), torch.zeros(4)))
-    assert FD._prefetch_bytes(o, torch.zeros(10**6), torch.zeros(10**6)) == 0  # CPU: never
 
 
 def test_launch_overrides_are_checked_and_scoped():

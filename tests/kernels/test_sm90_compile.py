@@ -28,10 +28,10 @@ from triton.backends.compiler import GPUTarget
 from wide.kernels import fused_decode as FD
 
 BF, F32, I32, U8 = "*bf16", "*fp32", "*i32", "*u8"
-O_ARGS = [BF] * 3 + [U8] + [BF] * 4 + [F32, F32, I32, I32] + [BF, BF] + ["i32"] * 6 + ["fp32", "i32"]
+O_ARGS = [BF] * 3 + [U8] + [BF] * 4 + [F32, F32, I32, I32] + ["i32"] * 6 + ["fp32"]
 FFN_ARGS = [BF] * 5 + [U8] + [BF] * 5 + [F32, F32, I32, I32] + ["i32"] * 5 + ["fp32"]
 O_CONST = dict(KS=2, HAS_BIAS=False, BM=16, BLOCK_N=64, BLOCK_K=128, T_P=64, RB=2, NB=4096, PREC="tf32", PDL=False,
-               NS_P=32, PF=False)
+               NS_P=32)
 FFN_CONST = dict(KS=4, CPG=4, CH=32, HAS_BIAS=True, BM=16, BLOCK_K=256, BLOCK_N=64, BLOCK_KD=128, T_P=64, RB=2,
                  NB=4096, PREC="tf32", PDL=False, NS_P=32)
 # (routed, compacted, the down loop's own stages (None: the kernel's), constants that differ); "down-rule": O's
@@ -57,7 +57,7 @@ def build(name, fn, args, const, stages=3, warps=4, **rec):
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
     ptx = k.asm["ptx"]
     out.append(dict(kernel=name, **rec, stages=stages, shared=k.metadata.shared, ptx_lines=ptx.count("\n"),
-                    mma="mma" in ptx, cp_async=ptx.count("cp.async.c"), l2_prefetch=ptx.count("prefetch.L2")))
+                    mma="mma" in ptx, cp_async=ptx.count("cp.async.c")))
 
 
 out = []
@@ -69,9 +69,6 @@ for name, fn, args, const, variants in (("o", FD._o_kernel, O_ARGS, O_CONST, O_V
         stages = extra.pop("num_stages", 3)
         c = dict(const, **extra, ROUTED=routed, COMPACT=compact, **({"DSTAGES": dstages} if name == "ffn" else {}))
         build(name, fn, args, c, stages, routed=routed, compact=compact, dstages=dstages)
-# O's launch asking the L2 for the next launch's weights (the l2_prefetch_kb override), at the routed rule
-build("o-prefetch", FD._o_kernel, O_ARGS, dict(O_CONST, ROUTED=True, COMPACT=True, PF=True), 5, routed=True,
-      compact=True, dstages=None)
 # the rest of the layer at Llama-3.1-8B shapes: QKV (dense; routed; routed + bias + Qwen3 q/k norm), attention, norm
 QKV_ARGS = [BF] * 3 + [U8, F32, F32, BF, BF, "*i64", BF, BF, BF, F32, I32] + ["i32"] * 3 + ["fp32"] + ["i32"] * 6
 QKV_CONST = dict(KS=2, HQ=32, HK=8, HEAD_D=128, BM=16, BLOCK_K=256, PREC="tf32", PDL=False)
@@ -98,8 +95,7 @@ def test_fused_decode_kernels_compile_for_sm90():
     recs = json.loads(res.stdout.strip().splitlines()[-1])
     for r in recs:  # pytest -s shows them: shared memory a program, asynchronous copies, PTX size per variant
         print(json.dumps(r))
-    assert len(recs) == 19  # O: dense, predicated, compacted at 3 stages + 3 deeper; down-rule: 2; the FFN: 5;
-    # O prefetching; + 5
+    assert len(recs) == 18  # O: dense, predicated, compacted at 3 stages + 3 deeper; down-rule: 2; the FFN: 5; + 5
     for r in recs:
         assert r["ptx_lines"] > 100 and (r["mma"] or r["kernel"] == "norm"), r  # tensor-core dots, a real kernel
         assert 0 < r["shared"] <= 227 * 1024, r  # fits one SM's shared memory
@@ -122,7 +118,3 @@ def test_fused_decode_kernels_compile_for_sm90():
     ffn = by["ffn", True, False, None]["cp_async"]
     assert all(by["ffn", True, c, s]["cp_async"] > 0.8 * ffn for c, s in ((True, None), (True, 3), (False, 3)))
     assert all(r["cp_async"] > 0 for r in recs if r["kernel"] in ("qkv", "attn"))  # their weight / KV loops too
-    # the L2 prefetch is bulk prefetch instructions (ptxas accepted them for sm_90) and nothing else: no shared memory
-    pf = next(r for r in recs if r["kernel"] == "o-prefetch")
-    assert pf["l2_prefetch"] > 0 and all(r["l2_prefetch"] == 0 for r in recs if r is not pf)
-    assert pf["shared"] == deep[True, 5]

@@ -73,9 +73,7 @@ class LaunchOverrides:
     down-projection loop alone (block_k and down_block_k >= 16, a tensor-core dot's K); compact_k: 1 (the rule)
     the routed O and down loops visit only the K steps of groups some token runs (a list per program), 0 they
     predicate the others off; norm_tile: elements per step of the norm tails; attn_splits: KV splits of decode
-    attention (any count), attn_block_n: keys per step (a power of two >= 16), attn_warps; l2_prefetch_kb: O's
-    launch asks the L2 for the first KiB of each tensor passed as its ``prefetch`` (the FFN's gate and up
-    weights: the first groups' rows), on the GPU only (None: nothing prefetched)."""
+    attention (any count), attn_block_n: keys per step (a power of two >= 16), attn_warps."""
 
     block_k: int | None = None
     num_warps: int | None = None
@@ -94,7 +92,6 @@ class LaunchOverrides:
     attn_splits: int | None = None
     attn_block_n: int | None = None
     attn_warps: int | None = None
-    l2_prefetch_kb: int | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -288,19 +285,6 @@ if HAS_TRITON:
                 acc = _k_step(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k0, k_hi, K, run, ROUTED, BLOCK_K, PREC,
                               CG)  # fmt: skip
         return acc
-
-    @triton.jit
-    def _l2_prefetch(ptr, nbytes, pid, NT: tl.constexpr):
-        """Program pid asks the L2 for bytes [pid, pid + 1) * NT * 16 KiB of ptr's buffer that lie below
-        nbytes (a multiple of 16 KiB), 16 KiB a thread (``cp.async.bulk.prefetch.L2``, sm_90: no registers
-        filled, nothing waited for; a hint that leaves every value unchanged)."""
-        offs = (pid * NT + tl.arange(0, NT)).to(tl.int64) * 16384  # [NT] byte offsets
-        addr = ptr.to(tl.pointer_type(tl.int8), bitcast=True) + offs
-        run = (offs < nbytes).to(tl.int32)
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], 16384; mov.u32 $0, 0; }",
-            "=r,l,r", [addr, run], dtype=tl.int32, is_pure=False, pack=1,
-        )  # fmt: skip
 
     @triton.jit
     def _split_k_sum(acc, part_ptr, cnt_ptr, tile, n_tiles, s, KS: tl.constexpr, BM: tl.constexpr,
@@ -576,21 +560,15 @@ if HAS_TRITON:
         part_ptr,  # [KS, n_tiles, BM, BLOCK_N] fp32 split partials (KS > 1) or dummy
         cnt_ptr,  # n_tiles + 1 counters: splits arrived per tile, tiles done
         list_ptr,  # [programs, NS_P] int32 scratch (COMPACT) or dummy
-        pfa_ptr, pfb_ptr,  # two buffers whose first PF_BYTES go to the L2 (PF), or dummies
-        B, D, K, NG, G, K_CHUNK, eps, PF_BYTES,
+        B, D, K, NG, G, K_CHUNK, eps,
         KS: tl.constexpr, ROUTED: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr, T_P: tl.constexpr, RB: tl.constexpr, NB: tl.constexpr, PREC: tl.constexpr,
-        COMPACT: tl.constexpr, NS_P: tl.constexpr, PF: tl.constexpr, PDL: tl.constexpr,
+        COMPACT: tl.constexpr, NS_P: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         """One program per (BLOCK_N output columns, K split of K_CHUNK): the last split of a tile to arrive
-        adds bias and residual; the last tile to finish normalises the new residual rows. PF: the first
-        programs also ask the L2 for the next launch's first weight bytes, which this launch's latency-bound
-        reads leave the HBM time to fetch (docs/kernels.md#open-problems-measured-see-the-summary)."""
+        adds bias and residual; the last tile to finish normalises the new residual rows."""
         pdl_begin(PDL)
         pid = tl.program_id(0)
-        if PF:
-            _l2_prefetch(pfa_ptr, PF_BYTES, pid, 128)
-            _l2_prefetch(pfb_ptr, PF_BYTES, pid, 128)
         tile = pid // KS
         n_tiles = tl.num_programs(0) // KS
         k_lo = (pid % KS) * K_CHUNK
@@ -939,8 +917,6 @@ def _o_op(
     x: torch.Tensor,
     norm_w: torch.Tensor,
     eps: float,
-    pf_a: torch.Tensor | None,
-    pf_b: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if not use_triton(o):
         return o_proj_residual_norm_ref(o, wo, bo, x, norm_w, eps)
@@ -958,31 +934,18 @@ def _o_op(
     ss = torch.empty(tiles * BLOCK_M, dtype=torch.float32, device=o.device)
     part = torch.empty(ks * tiles * BLOCK_M * bn if ks > 1 else 1, dtype=torch.float32, device=o.device)
     compact, ns_p = _compact(mask, triton.cdiv(chunk, bk))
-    # the first programs prefetch, 128 threads x 16 KiB of each buffer apiece: at most the grid's worth
-    pf_bytes = min(_prefetch_bytes(o, pf_a, pf_b), tiles * ks * 128 * 16384)
     _o_kernel[(tiles * ks,)](
         o, wo, bo if bo is not None else o.new_empty(1), _u8(mask, o), x, xo, norm_w, h, ss, part,
-        tile_counters(o, tiles + 1), _k_lists(o, tiles * ks, ns_p, compact), pf_a if pf_bytes else o,
-        pf_b if pf_bytes else o, b, d, k, ng, g, chunk, eps, pf_bytes,
+        tile_counters(o, tiles + 1), _k_lists(o, tiles * ks, ns_p, compact), b, d, k, ng, g, chunk, eps,
         KS=ks, ROUTED=mask is not None, HAS_BIAS=bo is not None, BM=BLOCK_M, BLOCK_N=bn,
         BLOCK_K=bk, T_P=next_pow2(tiles), **_norm_blocks(b, d, o), PREC=_prec(o), COMPACT=compact, NS_P=ns_p,
-        PF=pf_bytes > 0, num_warps=nw, **_stages(o, COMPACT_STAGES if compact else None), **pdl_launch(o),
+        num_warps=nw, **_stages(o, COMPACT_STAGES if compact else None), **pdl_launch(o),
     )  # fmt: skip
     return xo, h
 
 
-def _prefetch_bytes(t: torch.Tensor, a: torch.Tensor | None, b: torch.Tensor | None) -> int:
-    """Bytes of each prefetch buffer O's launch asks the L2 for: the ``l2_prefetch_kb`` override (GPU only),
-    at most the smaller buffer, in whole 16 KiB chunks; 0 for none."""
-    kb = _ov("l2_prefetch_kb", 0)
-    if not (t.is_cuda and kb and a is not None and b is not None):
-        return 0
-    size = min(kb * 1024, a.numel() * a.element_size(), b.numel() * b.element_size())
-    return size // 16384 * 16384
-
-
 @_o_op.register_fake
-def _(o, wo, bo, mask, x, norm_w, eps, pf_a, pf_b):
+def _(o, wo, bo, mask, x, norm_w, eps):
     return torch.empty_like(x), torch.empty_like(x)
 
 
@@ -1126,23 +1089,16 @@ def o_proj_residual_norm(
     x: torch.Tensor,
     norm_w: torch.Tensor,
     eps: float,
-    prefetch: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One launch: (x + o Wo^T (+ bo), its RMSNorm times ``norm_w``); o [B, Hq d] is zero where a
-    (token, group) is skipped, and groups of ``mask`` [B, N_G] that no token runs are not read.
-    ``prefetch``: two contiguous buffers (the next launch's weights) whose first bytes the launch asks the L2
-    for under the ``l2_prefetch_kb`` launch override; values are unchanged either way."""
+    (token, group) is skipped, and groups of ``mask`` [B, N_G] that no token runs are not read."""
     _check_batch(o, "o")
     _check_batch(x, "x")
     check_dtype(o, wo, x, norm_w)
     if mask is not None and o.shape[1] % mask.shape[1]:
         raise ValueError(f"O's input width {o.shape[1]} is not a multiple of {mask.shape[1]} groups")
     _check_mask(mask, o.shape[0], mask.shape[1] if mask is not None else 0, "mask")
-    pf_a, pf_b = prefetch if prefetch is not None else (None, None)
-    for t in (pf_a, pf_b):
-        if t is not None and (not t.is_contiguous() or t.device != o.device):
-            raise ValueError("prefetch buffers must be contiguous and on o's device")
-    return _o_op(o, wo, bo, mask, x, norm_w, float(eps), pf_a, pf_b)
+    return _o_op(o, wo, bo, mask, x, norm_w, float(eps))
 
 
 def ffn_residual_norm(

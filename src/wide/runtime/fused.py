@@ -154,9 +154,7 @@ def fused_decode_step(rt, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         o = FD.attention_decode_merged(
             q, rt.cache.k[i], rt.cache.v[i], lens, mask_a if mask_a is not None else dense_mask, len_add=1
         )
-        x, h = FD.o_proj_residual_norm(
-            o.view(b, -1), w.wo, w.bo, mask_a, x, w.ln_ffn, w.eps_ffn, prefetch=(w.w_gate, w.w_up)
-        )
+        x, h = FD.o_proj_residual_norm(o.view(b, -1), w.wo, w.bo, mask_a, x, w.ln_ffn, w.eps_ffn)
         if w.router_ffn is not None and not early:  # the FFN router reads the FFN block's input
             mask_f = router_decisions(x if st.router_residual else h, *w.router_ffn)
         nxt = layers[i + 1] if i + 1 < len(layers) else None
