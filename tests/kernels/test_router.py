@@ -63,6 +63,20 @@ def test_kernel_margin_matches_reference(shape, dtype, splits, kernel_device):
     assert torch.equal(dec, out <= 0)  # the mask is the margin's sign, bit for bit
 
 
+@pytest.mark.parametrize("splits", [1, 4])
+@pytest.mark.parametrize("ng", [12, 130])
+def test_head_loaded_first_is_bit_identical(splits, ng, kernel_device):
+    """HEAD_FIRST (the head's first block loaded before the D loop) changes where a load sits, not one bit;
+    130 groups: the second head block is loaded in the reduction as before."""
+    w_down, w_margin, b_margin = _router(200, 32, ng, torch.float32, kernel_device)
+    h = _hidden(19, 200, torch.float32, kernel_device)
+    conf = {"BLOCK_D": 32, "SPLITS": splits, "num_warps": 4}
+    first = router_margin_kernel(h, w_down, w_margin, b_margin, config={**conf, "HEAD_FIRST": 1})
+    late = router_margin_kernel(h, w_down, w_margin, b_margin, config={**conf, "HEAD_FIRST": 0})
+    assert torch.equal(first, late)
+    assert torch.equal(router_decisions(h, w_down, w_margin, b_margin, config={**conf, "HEAD_FIRST": 1}), late <= 0)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_kernel_rows_do_not_depend_on_the_batch(dtype, kernel_device):
     """A row's margin is bit-identical whether it runs alone, in a sub-batch, or in the whole batch. The

@@ -51,7 +51,7 @@ def default_config(d: int) -> dict:
     splits = 1
     while splits < 8 and splits * 2 * 512 <= d:
         splits *= 2
-    return {"BLOCK_D": 128, "SPLITS": splits, "num_warps": 4}
+    return {"BLOCK_D": 128, "SPLITS": splits, "num_warps": 4, "HEAD_FIRST": 1}
 
 
 def _block_g(ng: int) -> int:
@@ -92,33 +92,58 @@ def router_decisions_ref(
 if HAS_TRITON:
 
     @triton.jit
-    def _margin_store(r, row0, wm_ptr, bm_ptr, out_ptr, M, NG, R, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
-                      BLOCK_G: tl.constexpr, OUT_MARGIN: tl.constexpr):  # fmt: skip
-        """r: [BLOCK_M, BLOCK_R] fp32 (columns >= R are 0) for rows row0.. -> margin (fp32) or run (uint8)."""
-        offs_m = row0 + tl.arange(0, BLOCK_M)
+    def _head_block(wm_ptr, bm_ptr, g0, NG, R, BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr):
+        """The margin head's groups g0 .. g0 + BLOCK_G: wm [BLOCK_G, BLOCK_R], bias [BLOCK_G] (fp32, 0 outside)."""
+        offs_g = g0 + tl.arange(0, BLOCK_G)
         offs_r = tl.arange(0, BLOCK_R)
-        in_m = offs_m < M
-        for g0 in range(0, NG, BLOCK_G):
-            offs_g = g0 + tl.arange(0, BLOCK_G)
-            in_g = offs_g < NG
-            wm = tl.load(
-                wm_ptr + offs_g[:, None] * R + offs_r[None, :], mask=in_g[:, None] & (offs_r < R)[None, :], other=0.0
-            )
-            bias = tl.load(bm_ptr + offs_g, mask=in_g, other=0.0)
-            margin = tl.dot(r, tl.trans(wm), input_precision="ieee") + bias[None, :]  # [BLOCK_M, BLOCK_G]
-            ptrs = out_ptr + offs_m[:, None] * NG + offs_g[None, :]
-            if OUT_MARGIN:
-                tl.store(ptrs, margin, mask=in_m[:, None] & in_g[None, :])
-            else:
-                tl.store(ptrs, (margin <= 0).to(tl.uint8), mask=in_m[:, None] & in_g[None, :])
+        in_g = offs_g < NG
+        wm = tl.load(
+            wm_ptr + offs_g[:, None] * R + offs_r[None, :], mask=in_g[:, None] & (offs_r < R)[None, :], other=0.0
+        )
+        return wm, tl.load(bm_ptr + offs_g, mask=in_g, other=0.0)
+
+    @triton.jit
+    def _margin_block(r, wm, bias, g0, row0, out_ptr, M, NG, BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr,
+                      OUT_MARGIN: tl.constexpr):  # fmt: skip
+        """Rows row0.. x groups g0..: margin = r wmᵀ + bias in fp32 -> stored as margin or run flag (uint8)."""
+        offs_m = row0 + tl.arange(0, BLOCK_M)
+        offs_g = g0 + tl.arange(0, BLOCK_G)
+        margin = tl.dot(r, tl.trans(wm), input_precision="ieee") + bias[None, :]  # [BLOCK_M, BLOCK_G]
+        ptrs = out_ptr + offs_m[:, None] * NG + offs_g[None, :]
+        msk = (offs_m < M)[:, None] & (offs_g < NG)[None, :]
+        if OUT_MARGIN:
+            tl.store(ptrs, margin, mask=msk)
+        else:
+            tl.store(ptrs, (margin <= 0).to(tl.uint8), mask=msk)
+
+    @triton.jit
+    def _margin_store(r, row0, wm_ptr, bm_ptr, out_ptr, M, NG, R, wm0, b0, BLOCK_M: tl.constexpr,
+                      BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr, OUT_MARGIN: tl.constexpr,
+                      HEAD_FIRST: tl.constexpr):  # fmt: skip
+        """r: [BLOCK_M, BLOCK_R] fp32 (columns >= R are 0) for rows row0.. -> margin (fp32) or run (uint8).
+        HEAD_FIRST: the head's first block (wm0, b0) was loaded earlier, off the reduction's critical path."""
+        if HEAD_FIRST:
+            wm, bias = wm0, b0
+        else:
+            wm, bias = _head_block(wm_ptr, bm_ptr, 0, NG, R, BLOCK_R, BLOCK_G)
+        _margin_block(r, wm, bias, 0, row0, out_ptr, M, NG, BLOCK_M, BLOCK_G, OUT_MARGIN)
+        for g0 in range(BLOCK_G, NG, BLOCK_G):
+            wm, bias = _head_block(wm_ptr, bm_ptr, g0, NG, R, BLOCK_R, BLOCK_G)
+            _margin_block(r, wm, bias, g0, row0, out_ptr, M, NG, BLOCK_M, BLOCK_G, OUT_MARGIN)
 
     @triton.jit
     def _router_program(h_ptr, wd_ptr, wm_ptr, bm_ptr, out_ptr, ws_ptr, cnt_ptr, s, pm, M, D, R, NG, stride_hm,
                         stride_wd, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
                         BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, SPLITS: tl.constexpr,
-                        OUT_MARGIN: tl.constexpr):  # fmt: skip
+                        OUT_MARGIN: tl.constexpr, HEAD_FIRST: tl.constexpr):  # fmt: skip
         """One router's program (split s of D, row block pm): the arithmetic of a row depends on D and the
-        tile constants only (docs/routing.md#the-decision-rule)."""
+        tile constants only (docs/routing.md#the-decision-rule). HEAD_FIRST: every program loads the head's
+        first block before its D loop (where the load overlaps), so whichever program reduces has it at hand."""
+        if HEAD_FIRST:
+            wm0, b0 = _head_block(wm_ptr, bm_ptr, 0, NG, R, BLOCK_R, BLOCK_G)
+        else:
+            wm0 = tl.zeros([BLOCK_G, BLOCK_R], tl.float32)
+            b0 = tl.zeros([BLOCK_G], tl.float32)
         row0 = pm * BLOCK_M
         offs_m = row0 + tl.arange(0, BLOCK_M)
         offs_r = tl.arange(0, BLOCK_R)
@@ -137,7 +162,8 @@ if HAS_TRITON:
                         other=0.0)  # fmt: skip
             acc = tl.dot(a, tl.trans(b), acc, input_precision=PREC)
         if SPLITS == 1:
-            _margin_store(acc, row0, wm_ptr, bm_ptr, out_ptr, M, NG, R, BLOCK_M, BLOCK_R, BLOCK_G, OUT_MARGIN)
+            _margin_store(acc, row0, wm_ptr, bm_ptr, out_ptr, M, NG, R, wm0, b0, BLOCK_M, BLOCK_R, BLOCK_G, OUT_MARGIN,
+                          HEAD_FIRST)  # fmt: skip
         else:
             tile = BLOCK_M * BLOCK_R
             base = ws_ptr + pm * SPLITS * tile
@@ -145,7 +171,8 @@ if HAS_TRITON:
             tl.store(base + s * tile + offs_t, acc)
             if arrive(cnt_ptr + pm, SPLITS):
                 red = sum_partials(base, tile, BLOCK_M, SPLITS, BLOCK_M, BLOCK_R)
-                _margin_store(red, row0, wm_ptr, bm_ptr, out_ptr, M, NG, R, BLOCK_M, BLOCK_R, BLOCK_G, OUT_MARGIN)
+                _margin_store(red, row0, wm_ptr, bm_ptr, out_ptr, M, NG, R, wm0, b0, BLOCK_M, BLOCK_R, BLOCK_G,
+                              OUT_MARGIN, HEAD_FIRST)  # fmt: skip
 
     @triton.jit(do_not_specialize=["M"])
     def _router_kernel(
@@ -169,12 +196,13 @@ if HAS_TRITON:
         BLOCK_G: tl.constexpr,
         SPLITS: tl.constexpr,
         OUT_MARGIN: tl.constexpr,
+        HEAD_FIRST: tl.constexpr,
         PDL: tl.constexpr,  # launched with programmatic dependent launch
     ):
         pdl_begin(PDL)
         _router_program(h_ptr, wd_ptr, wm_ptr, bm_ptr, out_ptr, ws_ptr, cnt_ptr, tl.program_id(0), tl.program_id(1),
                         M, D, R, NG, stride_hm, stride_wd, PREC, BLOCK_M, BLOCK_R, BLOCK_D, BLOCK_G, SPLITS,
-                        OUT_MARGIN)  # fmt: skip
+                        OUT_MARGIN, HEAD_FIRST)  # fmt: skip
 
     @triton.jit(do_not_specialize=["M"])
     def _router_pair_kernel(
@@ -192,6 +220,7 @@ if HAS_TRITON:
         BLOCK_G_A: tl.constexpr,
         BLOCK_R_B: tl.constexpr,
         BLOCK_G_B: tl.constexpr,
+        HEAD_FIRST: tl.constexpr,
         PDL: tl.constexpr,
     ):  # fmt: skip
         """Grid (SPLITS, row blocks, 2): axis 2 picks the router; each runs its single-launch program."""
@@ -200,10 +229,12 @@ if HAS_TRITON:
         pm = tl.program_id(1)
         if tl.program_id(2) == 0:
             _router_program(h_ptr, wd_a, wm_a, bm_a, out_a, ws_a, cnt_a, s, pm, M, D, R_A, NG_A, stride_hm,
-                            stride_wd_a, PREC, BLOCK_M, BLOCK_R_A, BLOCK_D, BLOCK_G_A, SPLITS, False)  # fmt: skip
+                            stride_wd_a, PREC, BLOCK_M, BLOCK_R_A, BLOCK_D, BLOCK_G_A, SPLITS, False,
+                            HEAD_FIRST)  # fmt: skip
         else:
             _router_program(h_ptr, wd_b, wm_b, bm_b, out_b, ws_b, cnt_b, s, pm, M, D, R_B, NG_B, stride_hm,
-                            stride_wd_b, PREC, BLOCK_M, BLOCK_R_B, BLOCK_D, BLOCK_G_B, SPLITS, False)  # fmt: skip
+                            stride_wd_b, PREC, BLOCK_M, BLOCK_R_B, BLOCK_D, BLOCK_G_B, SPLITS, False,
+                            HEAD_FIRST)  # fmt: skip
 
 
 def _check_head(r: int, w_margin: torch.Tensor, b_margin: torch.Tensor) -> None:
@@ -218,7 +249,7 @@ def _check_head(r: int, w_margin: torch.Tensor, b_margin: torch.Tensor) -> None:
 
 
 def _splits(d: int, config: dict | None) -> dict:
-    conf = dict(config or default_config(d))
+    conf = {**default_config(d), **(config or {})}  # a partial config overrides the rule's keys
     splits = conf["SPLITS"]
     if splits < 1 or splits & (splits - 1):
         raise ValueError(f"SPLITS must be a power of two, got {splits}")
