@@ -77,6 +77,34 @@ def test_head_loaded_first_is_bit_identical(splits, ng, kernel_device):
     assert torch.equal(router_decisions(h, w_down, w_margin, b_margin, config={**conf, "HEAD_FIRST": 1}), late <= 0)
 
 
+@pytest.mark.parametrize("splits", [1, 4])
+def test_serial_schedule_is_bit_identical(splits, kernel_device):
+    """SERIAL (one program per row block runs its splits in turn, the schedule for many rows) sums the same
+    partials with the same code as one program per split: the margins, and so the decisions, bit for bit; the
+    pair launch too. 37 rows: a partial last row block."""
+    w_down, w_margin, b_margin = _router(200, 32, 130, torch.float32, kernel_device)
+    other = _router(200, 16, 8, torch.float32, kernel_device, seed=4)
+    h = _hidden(37, 200, torch.float32, kernel_device)
+    conf = {"BLOCK_D": 32, "SPLITS": splits, "num_warps": 4}
+    split = router_margin_kernel(h, w_down, w_margin, b_margin, config={**conf, "SERIAL": 0})
+    serial = router_margin_kernel(h, w_down, w_margin, b_margin, config={**conf, "SERIAL": 1})
+    assert torch.equal(split, serial)
+    pair = router_decisions_pair(h, (w_down, w_margin, b_margin), other, config={**conf, "SERIAL": 1})
+    assert torch.equal(pair[0], split <= 0)
+    assert torch.equal(pair[1], router_decisions(h, *other, config={**conf, "SERIAL": 0}))
+
+
+def test_serial_schedule_is_the_rule_for_many_rows():
+    from wide.kernels.router import ROUTER_BLOCK_M, SERIAL_MIN_BLOCKS, default_config
+
+    many = ROUTER_BLOCK_M * SERIAL_MIN_BLOCKS
+    assert default_config(4096, 1)["SERIAL"] == 0 and default_config(4096, many - ROUTER_BLOCK_M)["SERIAL"] == 0
+    assert default_config(4096, many)["SERIAL"] == 1
+    assert default_config(256, many)["SERIAL"] == 0  # one split: nothing to run in turn
+    arithmetic = ("BLOCK_D", "SPLITS", "num_warps")
+    assert {k: default_config(4096, many)[k] for k in arithmetic} == {k: default_config(4096)[k] for k in arithmetic}
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_kernel_rows_do_not_depend_on_the_batch(dtype, kernel_device):
     """A row's margin is bit-identical whether it runs alone, in a sub-batch, or in the whole batch. The
@@ -213,7 +241,8 @@ def test_gpu_rows_do_not_depend_on_m(dtype, ng):
     whole = router_margin(h, w_down, w_margin, b_margin)
     exact = _exact_margin(h, w_down, w_margin, b_margin)
     assert (whole.double() - exact).abs().max().item() <= 1e-4 * exact.abs().max().item()
-    for lo, hi in [(0, 1), (4098, 4099), (5, 8), (100, 116), (17, 1041), (0, 4096)]:
+    # (17, 1041): parallel splits; (0, 4096), (1, 4099) and the whole: the serial schedule (default_config)
+    for lo, hi in [(0, 1), (4098, 4099), (5, 8), (100, 116), (17, 1041), (0, 4096), (1, 4099)]:
         assert torch.equal(router_margin(h[lo:hi], w_down, w_margin, b_margin), whole[lo:hi]), (lo, hi)
         assert torch.equal(router_decisions(h[lo:hi], w_down, w_margin, b_margin), whole[lo:hi] <= 0), (lo, hi)
 

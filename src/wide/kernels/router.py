@@ -14,8 +14,9 @@ needs more than one formula: row i's margin must not depend on how many other ro
 (decode sees one token, scoring a whole sequence), so the summation order is fixed per device:
 
 * CUDA: one Triton kernel for every M. Programs of 16 rows x one slice of D (the slices depend on D
-  only); fp32 partials summed in split order by the last program to arrive (``_split_reduce``); the
-  head in fp32 FMA. Nothing in a row's arithmetic depends on M or on the other rows.
+  only); fp32 partials summed in split order by the last program to arrive (``_split_reduce``), or, for
+  many rows, by the one program that computed them in turn (the same partials, the same sum); the head
+  in fp32 FMA. Nothing in a row's arithmetic depends on M or on the other rows.
 * CPU (and CUDA under the interpreter): products and sums in fp64, rounded to fp32 — exact up to the
   final rounding, so independent of any BLAS blocking.
 
@@ -43,15 +44,19 @@ if HAS_TRITON:
 ROUTER_BLOCK_M = 16  # rows per program, for every M (the row arithmetic must not depend on M)
 MARGIN_MAX_BLOCK_G = 128  # groups per step of the margin head
 MAX_RANK = 128
+SERIAL_MIN_BLOCKS = 64  # row blocks from which one program per block runs all its splits (default_config)
 
 
-def default_config(d: int) -> dict:
-    """(BLOCK_D, SPLITS, num_warps) for hidden size d: >= 512 columns of D per split, at most 8 splits.
-    A function of D alone: every M runs the same per-row summation (docs/routing.md#the-decision-rule)."""
+def default_config(d: int, m: int = 1) -> dict:
+    """The launch for M rows of hidden size d. The arithmetic (BLOCK_D, SPLITS, num_warps: >= 512 columns of D
+    per split, at most 8 splits) is a function of D alone, so every M runs the same per-row summation; M picks
+    only the schedule: SERIAL (one program per row block runs its splits in turn) once the row blocks alone fill
+    the GPU (docs/routing.md#the-decision-rule)."""
     splits = 1
     while splits < 8 and splits * 2 * 512 <= d:
         splits *= 2
-    return {"BLOCK_D": 128, "SPLITS": splits, "num_warps": 4, "HEAD_FIRST": 1}
+    serial = int(splits > 1 and -(-m // ROUTER_BLOCK_M) >= SERIAL_MIN_BLOCKS)
+    return {"BLOCK_D": 128, "SPLITS": splits, "num_warps": 4, "HEAD_FIRST": 1, "SERIAL": serial}
 
 
 def _block_g(ng: int) -> int:
@@ -132,26 +137,11 @@ if HAS_TRITON:
             _margin_block(r, wm, bias, g0, row0, out_ptr, M, NG, BLOCK_M, BLOCK_G, OUT_MARGIN)
 
     @triton.jit
-    def _router_program(h_ptr, wd_ptr, wm_ptr, bm_ptr, out_ptr, ws_ptr, cnt_ptr, s, pm, M, D, R, NG, stride_hm,
-                        stride_wd, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
-                        BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, SPLITS: tl.constexpr,
-                        OUT_MARGIN: tl.constexpr, HEAD_FIRST: tl.constexpr):  # fmt: skip
-        """One router's program (split s of D, row block pm): the arithmetic of a row depends on D and the
-        tile constants only (docs/routing.md#the-decision-rule). HEAD_FIRST: every program loads the head's
-        first block before its D loop (where the load overlaps), so whichever program reduces has it at hand."""
-        if HEAD_FIRST:
-            wm0, b0 = _head_block(wm_ptr, bm_ptr, 0, NG, R, BLOCK_R, BLOCK_G)
-        else:
-            wm0 = tl.zeros([BLOCK_G, BLOCK_R], tl.float32)
-            b0 = tl.zeros([BLOCK_G], tl.float32)
-        row0 = pm * BLOCK_M
-        offs_m = row0 + tl.arange(0, BLOCK_M)
+    def _split_dot(h_ptr, wd_ptr, offs_m, in_m, d_lo, d_hi, R, stride_hm, stride_wd, PREC: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+        """One split's partial: rows offs_m x columns d_lo..d_hi of D -> r [BLOCK_M, BLOCK_R] fp32."""
         offs_r = tl.arange(0, BLOCK_R)
-        in_m = offs_m < M
         in_r = offs_r < R
-        d_per = tl.cdiv(tl.cdiv(D, SPLITS), BLOCK_D) * BLOCK_D
-        d_lo = s * d_per
-        d_hi = tl.minimum(d_lo + d_per, D)
         acc = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
         for d0 in range(d_lo, d_hi, BLOCK_D):
             offs_d = d0 + tl.arange(0, BLOCK_D)
@@ -161,15 +151,76 @@ if HAS_TRITON:
             b = tl.load(wd_ptr + offs_r[:, None] * stride_wd + offs_d[None, :], mask=in_r[:, None] & in_d[None, :],
                         other=0.0)  # fmt: skip
             acc = tl.dot(a, tl.trans(b), acc, input_precision=PREC)
+        return acc
+
+    @triton.jit
+    def _serial_splits(h_ptr, wd_ptr, base, offs_m, in_m, d_per, D, R, stride_hm, stride_wd,
+                       PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                       SPLITS: tl.constexpr):  # fmt: skip
+        """Every split's partial of rows offs_m, in split order, each stored at base + split x tile: the steps of
+        ``_split_dot`` for split 0, 1, .. in one loop (one software pipeline across the split boundaries), the
+        accumulator restarting from zero at each split's first step. A split's steps past D load zeros and add
+        exact zeros, where ``_split_dot`` has no step: the same partials."""
+        steps = d_per // BLOCK_D
+        offs_r = tl.arange(0, BLOCK_R)
+        in_r = offs_r < R
+        offs_t = tl.arange(0, BLOCK_M)[:, None] * BLOCK_R + offs_r[None, :]
+        acc = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
+        for it in range(0, SPLITS * steps):
+            j = it // steps
+            k = it - j * steps
+            offs_d = j * d_per + k * BLOCK_D + tl.arange(0, BLOCK_D)
+            in_d = offs_d < tl.minimum(j * d_per + d_per, D)
+            a = tl.load(h_ptr + offs_m[:, None] * stride_hm + offs_d[None, :], mask=in_m[:, None] & in_d[None, :],
+                        other=0.0)  # fmt: skip
+            b = tl.load(wd_ptr + offs_r[:, None] * stride_wd + offs_d[None, :], mask=in_r[:, None] & in_d[None, :],
+                        other=0.0)  # fmt: skip
+            acc = tl.dot(a, tl.trans(b), acc, input_precision=PREC)
+            if k == steps - 1:  # the split's last step: its partial is complete
+                tl.store(base + j * BLOCK_M * BLOCK_R + offs_t, acc)
+                acc = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
+
+    @triton.jit
+    def _router_program(h_ptr, wd_ptr, wm_ptr, bm_ptr, out_ptr, ws_ptr, cnt_ptr, s, pm, M, D, R, NG, stride_hm,
+                        stride_wd, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
+                        BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, SPLITS: tl.constexpr,
+                        OUT_MARGIN: tl.constexpr, HEAD_FIRST: tl.constexpr, SERIAL: tl.constexpr):  # fmt: skip
+        """One router's program (split s of D, row block pm): the arithmetic of a row depends on D and the
+        tile constants only (docs/routing.md#the-decision-rule). HEAD_FIRST: every program loads the head's
+        first block before its D loop (where the load overlaps), so whichever program reduces has it at hand.
+        SERIAL: this program (s = 0) computes every split of its row block in turn and sums them itself: the
+        same partials summed by the same code as when SPLITS programs each compute one (the schedule for many
+        row blocks, which fill the GPU without splitting D across programs)."""
+        if HEAD_FIRST:
+            wm0, b0 = _head_block(wm_ptr, bm_ptr, 0, NG, R, BLOCK_R, BLOCK_G)
+        else:
+            wm0 = tl.zeros([BLOCK_G, BLOCK_R], tl.float32)
+            b0 = tl.zeros([BLOCK_G], tl.float32)
+        row0 = pm * BLOCK_M
+        offs_m = row0 + tl.arange(0, BLOCK_M)
+        in_m = offs_m < M
+        d_per = tl.cdiv(tl.cdiv(D, SPLITS), BLOCK_D) * BLOCK_D
         if SPLITS == 1:
+            acc = _split_dot(h_ptr, wd_ptr, offs_m, in_m, 0, D, R, stride_hm, stride_wd, PREC, BLOCK_M, BLOCK_R,
+                             BLOCK_D)  # fmt: skip
             _margin_store(acc, row0, wm_ptr, bm_ptr, out_ptr, M, NG, R, wm0, b0, BLOCK_M, BLOCK_R, BLOCK_G, OUT_MARGIN,
                           HEAD_FIRST)  # fmt: skip
         else:
             tile = BLOCK_M * BLOCK_R
             base = ws_ptr + pm * SPLITS * tile
-            offs_t = tl.arange(0, BLOCK_M)[:, None] * BLOCK_R + offs_r[None, :]
-            tl.store(base + s * tile + offs_t, acc)
-            if arrive(cnt_ptr + pm, SPLITS):
+            offs_t = tl.arange(0, BLOCK_M)[:, None] * BLOCK_R + tl.arange(0, BLOCK_R)[None, :]
+            if SERIAL:
+                _serial_splits(h_ptr, wd_ptr, base, offs_m, in_m, d_per, D, R, stride_hm, stride_wd, PREC, BLOCK_M,
+                               BLOCK_R, BLOCK_D, SPLITS)  # fmt: skip
+                tl.debug_barrier()  # every thread's partials visible to the whole program before the sum
+                last = True
+            else:
+                d_lo = s * d_per
+                acc = _split_dot(h_ptr, wd_ptr, offs_m, in_m, d_lo, tl.minimum(d_lo + d_per, D), R, stride_hm,
+                                 stride_wd, PREC, BLOCK_M, BLOCK_R, BLOCK_D)  # fmt: skip
+                tl.store(base + s * tile + offs_t, acc)
+                last = arrive(cnt_ptr + pm, SPLITS)
+            if last:
                 red = sum_partials(base, tile, BLOCK_M, SPLITS, BLOCK_M, BLOCK_R)
                 _margin_store(red, row0, wm_ptr, bm_ptr, out_ptr, M, NG, R, wm0, b0, BLOCK_M, BLOCK_R, BLOCK_G,
                               OUT_MARGIN, HEAD_FIRST)  # fmt: skip
@@ -197,12 +248,13 @@ if HAS_TRITON:
         SPLITS: tl.constexpr,
         OUT_MARGIN: tl.constexpr,
         HEAD_FIRST: tl.constexpr,
+        SERIAL: tl.constexpr,
         PDL: tl.constexpr,  # launched with programmatic dependent launch
     ):
         pdl_begin(PDL)
         _router_program(h_ptr, wd_ptr, wm_ptr, bm_ptr, out_ptr, ws_ptr, cnt_ptr, tl.program_id(0), tl.program_id(1),
                         M, D, R, NG, stride_hm, stride_wd, PREC, BLOCK_M, BLOCK_R, BLOCK_D, BLOCK_G, SPLITS,
-                        OUT_MARGIN, HEAD_FIRST)  # fmt: skip
+                        OUT_MARGIN, HEAD_FIRST, SERIAL)  # fmt: skip
 
     @triton.jit(do_not_specialize=["M"])
     def _router_pair_kernel(
@@ -221,20 +273,22 @@ if HAS_TRITON:
         BLOCK_R_B: tl.constexpr,
         BLOCK_G_B: tl.constexpr,
         HEAD_FIRST: tl.constexpr,
+        SERIAL: tl.constexpr,
         PDL: tl.constexpr,
     ):  # fmt: skip
-        """Grid (SPLITS, row blocks, 2): axis 2 picks the router; each runs its single-launch program."""
+        """Grid (SPLITS or 1 when SERIAL, row blocks, 2): axis 2 picks the router; each runs its single-launch
+        program."""
         pdl_begin(PDL)
         s = tl.program_id(0)
         pm = tl.program_id(1)
         if tl.program_id(2) == 0:
             _router_program(h_ptr, wd_a, wm_a, bm_a, out_a, ws_a, cnt_a, s, pm, M, D, R_A, NG_A, stride_hm,
                             stride_wd_a, PREC, BLOCK_M, BLOCK_R_A, BLOCK_D, BLOCK_G_A, SPLITS, False,
-                            HEAD_FIRST)  # fmt: skip
+                            HEAD_FIRST, SERIAL)  # fmt: skip
         else:
             _router_program(h_ptr, wd_b, wm_b, bm_b, out_b, ws_b, cnt_b, s, pm, M, D, R_B, NG_B, stride_hm,
                             stride_wd_b, PREC, BLOCK_M, BLOCK_R_B, BLOCK_D, BLOCK_G_B, SPLITS, False,
-                            HEAD_FIRST)  # fmt: skip
+                            HEAD_FIRST, SERIAL)  # fmt: skip
 
 
 def _check_head(r: int, w_margin: torch.Tensor, b_margin: torch.Tensor) -> None:
@@ -248,8 +302,8 @@ def _check_head(r: int, w_margin: torch.Tensor, b_margin: torch.Tensor) -> None:
         raise ValueError(f"router rank {r} > {MAX_RANK}")
 
 
-def _splits(d: int, config: dict | None) -> dict:
-    conf = {**default_config(d), **(config or {})}  # a partial config overrides the rule's keys
+def _launch(m: int, d: int, config: dict | None) -> dict:
+    conf = {**default_config(d, m), **(config or {})}  # a partial config overrides the rule's keys
     splits = conf["SPLITS"]
     if splits < 1 or splits & (splits - 1):
         raise ValueError(f"SPLITS must be a power of two, got {splits}")
@@ -268,13 +322,13 @@ def _router_triton(h, w_down, w_margin, b_margin, config: dict | None, out_margi
     out = torch.empty(m, ng, dtype=torch.float32 if out_margin else torch.bool, device=h.device)
     if m == 0:
         return out
-    conf = _splits(d, config)
+    conf = _launch(m, d, config)
     blocks = triton.cdiv(m, ROUTER_BLOCK_M)
     block_r = max(16, next_pow2(r))
     ws = _workspace(h, blocks, conf["SPLITS"], block_r)
     cnt = tile_counters(h, blocks)
     prec = "ieee" if h.dtype == torch.float32 else "tf32"
-    _router_kernel[(conf["SPLITS"], blocks)](
+    _router_kernel[(1 if conf["SERIAL"] else conf["SPLITS"], blocks)](
         h, w_down, w_margin, b_margin, out if out_margin else out.view(torch.uint8), ws, cnt, m, d, r, ng,
         h.stride(0), w_down.stride(0), PREC=prec, BLOCK_M=ROUTER_BLOCK_M, BLOCK_R=block_r, BLOCK_G=_block_g(ng),
         OUT_MARGIN=out_margin, **conf, **pdl_launch(h),
@@ -289,7 +343,7 @@ def _router_pair_triton(h, router_a: tuple, router_b: tuple, config: dict | None
                  (router_a, router_b))  # fmt: skip
     if m == 0:
         return outs
-    conf = _splits(d, config)
+    conf = _launch(m, d, config)
     blocks = triton.cdiv(m, ROUTER_BLOCK_M)
     cnt = tile_counters(h, 2 * blocks)  # router a's tickets, then router b's
     args, tiles = [], {}
@@ -302,7 +356,7 @@ def _router_pair_triton(h, router_a: tuple, router_b: tuple, config: dict | None
         args += [w_down, w_margin, b_margin, out.view(torch.uint8), ws, tickets, r, ng, w_down.stride(0)]
         tiles["BLOCK_R_" + "AB"[k]], tiles["BLOCK_G_" + "AB"[k]] = block_r, _block_g(ng)
     prec = "ieee" if h.dtype == torch.float32 else "tf32"
-    _router_pair_kernel[(conf["SPLITS"], blocks, 2)](
+    _router_pair_kernel[(1 if conf["SERIAL"] else conf["SPLITS"], blocks, 2)](
         h, *args, m, d, h.stride(0), PREC=prec, BLOCK_M=ROUTER_BLOCK_M, **tiles, **conf, **pdl_launch(h)
     )
     return outs
