@@ -241,7 +241,8 @@ def test_gpu_rows_do_not_depend_on_m(dtype, ng):
     whole = router_margin(h, w_down, w_margin, b_margin)
     exact = _exact_margin(h, w_down, w_margin, b_margin)
     assert (whole.double() - exact).abs().max().item() <= 1e-4 * exact.abs().max().item()
-    # (17, 1041): parallel splits; (0, 4096), (1, 4099) and the whole: the serial schedule (default_config)
+    # up to 16 rows: parallel splits; (17, 1041) (64 row blocks), (0, 4096), (1, 4099) and the whole: the serial
+    # schedule (default_config)
     for lo, hi in [(0, 1), (4098, 4099), (5, 8), (100, 116), (17, 1041), (0, 4096), (1, 4099)]:
         assert torch.equal(router_margin(h[lo:hi], w_down, w_margin, b_margin), whole[lo:hi]), (lo, hi)
         assert torch.equal(router_decisions(h[lo:hi], w_down, w_margin, b_margin), whole[lo:hi] <= 0), (lo, hi)
