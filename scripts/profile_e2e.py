@@ -121,7 +121,8 @@ def main() -> None:
         head = (
             f"=== {f'WIDE {rate:.0%}' if routed else 'dense'}{' fused' if FUSED and name == 'decode' else ''} "
             f"{name} (prompt {prompt}): {n} CUDA kernels per "
-            f"call; per call: kernels {kernel_ms:.2f} ms, host issue {host_ms:.2f} ms, wall {wall_ms:.2f} ms"
+            f"call; per call: kernels {kernel_ms:.2f} ms, host issue {host_ms:.2f} ms, wall {wall_ms:.2f} ms; "
+            f"autotune: {os.environ.get('WIDE_AUTOTUNE_MAX') or 'every'} config(s)"
         )
         print(head, flush=True)
         lines += [head, table, ""]

@@ -298,6 +298,8 @@ def run_e2e_bench(
         "wall_s": time.time() - t0,
         "compiled": compile,
         "fused_decode": fused_decode,
+        # 0: every config of each autotuned kernel is tried (what users get); N: only the first N
+        "autotune_max": int(os.environ.get("WIDE_AUTOTUNE_MAX", "0")),
     }
     _write(out_dir, rows, compile, meta)
     return rows

@@ -137,20 +137,28 @@ if HAS_TRITON:
             _margin_block(r, wm, bias, g0, row0, out_ptr, M, NG, BLOCK_M, BLOCK_G, OUT_MARGIN)
 
     @triton.jit
+    def _dot_step(acc, h_ptr, wd_ptr, offs_m, in_m, d0, d_hi, R, stride_hm, stride_wd, PREC: tl.constexpr,
+                  BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+        """acc [BLOCK_M, BLOCK_R] += h[offs_m, d0:d0 + BLOCK_D] @ w_down[:, d0:d0 + BLOCK_D].T, columns at or past
+        d_hi (and rows past M, R) loaded as zeros: the one step both schedules run."""
+        offs_r = tl.arange(0, BLOCK_R)
+        in_r = offs_r < R
+        offs_d = d0 + tl.arange(0, BLOCK_D)
+        in_d = offs_d < d_hi
+        a = tl.load(h_ptr + offs_m[:, None] * stride_hm + offs_d[None, :], mask=in_m[:, None] & in_d[None, :],
+                    other=0.0)  # fmt: skip
+        b = tl.load(wd_ptr + offs_r[:, None] * stride_wd + offs_d[None, :], mask=in_r[:, None] & in_d[None, :],
+                    other=0.0)  # fmt: skip
+        return tl.dot(a, tl.trans(b), acc, input_precision=PREC)
+
+    @triton.jit
     def _split_dot(h_ptr, wd_ptr, offs_m, in_m, d_lo, d_hi, R, stride_hm, stride_wd, PREC: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
         """One split's partial: rows offs_m x columns d_lo..d_hi of D -> r [BLOCK_M, BLOCK_R] fp32."""
-        offs_r = tl.arange(0, BLOCK_R)
-        in_r = offs_r < R
         acc = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
         for d0 in range(d_lo, d_hi, BLOCK_D):
-            offs_d = d0 + tl.arange(0, BLOCK_D)
-            in_d = offs_d < d_hi
-            a = tl.load(h_ptr + offs_m[:, None] * stride_hm + offs_d[None, :], mask=in_m[:, None] & in_d[None, :],
-                        other=0.0)  # fmt: skip
-            b = tl.load(wd_ptr + offs_r[:, None] * stride_wd + offs_d[None, :], mask=in_r[:, None] & in_d[None, :],
-                        other=0.0)  # fmt: skip
-            acc = tl.dot(a, tl.trans(b), acc, input_precision=PREC)
+            acc = _dot_step(acc, h_ptr, wd_ptr, offs_m, in_m, d0, d_hi, R, stride_hm, stride_wd, PREC, BLOCK_R,
+                            BLOCK_D)  # fmt: skip
         return acc
 
     @triton.jit
@@ -162,20 +170,13 @@ if HAS_TRITON:
         accumulator restarting from zero at each split's first step. A split's steps past D load zeros and add
         exact zeros, where ``_split_dot`` has no step: the same partials."""
         steps = d_per // BLOCK_D
-        offs_r = tl.arange(0, BLOCK_R)
-        in_r = offs_r < R
-        offs_t = tl.arange(0, BLOCK_M)[:, None] * BLOCK_R + offs_r[None, :]
+        offs_t = tl.arange(0, BLOCK_M)[:, None] * BLOCK_R + tl.arange(0, BLOCK_R)[None, :]
         acc = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
         for it in range(0, SPLITS * steps):
             j = it // steps
             k = it - j * steps
-            offs_d = j * d_per + k * BLOCK_D + tl.arange(0, BLOCK_D)
-            in_d = offs_d < tl.minimum(j * d_per + d_per, D)
-            a = tl.load(h_ptr + offs_m[:, None] * stride_hm + offs_d[None, :], mask=in_m[:, None] & in_d[None, :],
-                        other=0.0)  # fmt: skip
-            b = tl.load(wd_ptr + offs_r[:, None] * stride_wd + offs_d[None, :], mask=in_r[:, None] & in_d[None, :],
-                        other=0.0)  # fmt: skip
-            acc = tl.dot(a, tl.trans(b), acc, input_precision=PREC)
+            acc = _dot_step(acc, h_ptr, wd_ptr, offs_m, in_m, j * d_per + k * BLOCK_D, tl.minimum(j * d_per + d_per, D),
+                            R, stride_hm, stride_wd, PREC, BLOCK_R, BLOCK_D)  # fmt: skip
             if k == steps - 1:  # the split's last step: its partial is complete
                 tl.store(base + j * BLOCK_M * BLOCK_R + offs_t, acc)
                 acc = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
@@ -208,7 +209,6 @@ if HAS_TRITON:
         else:
             tile = BLOCK_M * BLOCK_R
             base = ws_ptr + pm * SPLITS * tile
-            offs_t = tl.arange(0, BLOCK_M)[:, None] * BLOCK_R + tl.arange(0, BLOCK_R)[None, :]
             if SERIAL:
                 _serial_splits(h_ptr, wd_ptr, base, offs_m, in_m, d_per, D, R, stride_hm, stride_wd, PREC, BLOCK_M,
                                BLOCK_R, BLOCK_D, SPLITS)  # fmt: skip
@@ -218,6 +218,7 @@ if HAS_TRITON:
                 d_lo = s * d_per
                 acc = _split_dot(h_ptr, wd_ptr, offs_m, in_m, d_lo, tl.minimum(d_lo + d_per, D), R, stride_hm,
                                  stride_wd, PREC, BLOCK_M, BLOCK_R, BLOCK_D)  # fmt: skip
+                offs_t = tl.arange(0, BLOCK_M)[:, None] * BLOCK_R + tl.arange(0, BLOCK_R)[None, :]
                 tl.store(base + s * tile + offs_t, acc)
                 last = arrive(cnt_ptr + pm, SPLITS)
             if last:
