@@ -58,6 +58,25 @@ def test_e2e_bench_fused_decode_is_recorded(tmp_path):
     assert json.loads((tmp_path / "e2e-h200.meta.json").read_text())["fused_decode"] is True
 
 
+def test_e2e_bench_records_and_warns_a_limited_autotune(tmp_path, monkeypatch):
+    """With WIDE_AUTOTUNE_MAX set the bench says its timings are not a deployment's, and the meta records the
+    limit (0 when unset: every config tried)."""
+    import torch
+
+    kw = dict(shape=TINY, device="cpu", dtype=torch.float32, sparsities=(0.5,), batches=(1,), prompt=8, context=12)
+    monkeypatch.setenv("WIDE_AUTOTUNE_MAX", "1")
+    with pytest.warns(UserWarning, match="WIDE_AUTOTUNE_MAX=1"):
+        run_e2e_bench(str(tmp_path), reps=1, **kw)
+    assert json.loads((tmp_path / "e2e-h200.meta.json").read_text())["autotune_max"] == 1
+    monkeypatch.delenv("WIDE_AUTOTUNE_MAX")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*WIDE_AUTOTUNE_MAX")
+        run_e2e_bench(str(tmp_path), reps=1, **kw)
+    assert json.loads((tmp_path / "e2e-h200.meta.json").read_text())["autotune_max"] == 0
+
+
 def test_decode_accounting_counts_the_step_reads(tmp_path):
     """Bytes per decode step: dense = every projection's weights + lm_head + the K/V rows of the context
     (counted here from the model's own parameters); WIDE at 50% through the fused layer reads less, from

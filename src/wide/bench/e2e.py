@@ -23,6 +23,7 @@ import torch
 from wide.bench.timing import median_ms
 from wide.config import WideConfig
 from wide.kernels import clear_autotune_cache
+from wide.kernels._triton_utils import autotune_limit, warn_if_autotune_limited
 from wide.model import WideModel
 from wide.runtime import GraphedDecode, GraphedPrefill, WideRuntime
 from wide.train.threshold_fit import collect_margins, fit_offsets
@@ -247,6 +248,7 @@ def run_e2e_bench(
     fused_decode: ``WideRuntime``'s flag, dense and WIDE alike (None: its default); each record says whether
     its decode ran fused."""
     shape = shape or LLAMA_8B
+    warn_if_autotune_limited("wide bench e2e")
     if quick:
         sparsities, batches, reps = (0.0, 0.5), (1,), 5
     model = build_model(shape, device, dtype)
@@ -299,7 +301,7 @@ def run_e2e_bench(
         "compiled": compile,
         "fused_decode": fused_decode,
         # 0: every config of each autotuned kernel is tried (what users get); N: only the first N
-        "autotune_max": int(os.environ.get("WIDE_AUTOTUNE_MAX", "0")),
+        "autotune_max": autotune_limit(),
     }
     _write(out_dir, rows, compile, meta)
     return rows

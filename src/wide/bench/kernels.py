@@ -136,6 +136,9 @@ def run_kernel_bench(out_dir: str, quick: bool = False) -> list[dict]:
     if not torch.cuda.is_available():
         raise RuntimeError("run_kernel_bench needs a CUDA GPU")
     from wide.bench import gemm_bench as gb
+    from wide.kernels._triton_utils import warn_if_autotune_limited
+
+    warn_if_autotune_limited("wide bench kernels")
 
     t0 = time.time()
     gen = torch.Generator(device="cuda").manual_seed(0)

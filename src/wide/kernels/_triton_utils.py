@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 
 import torch
 
@@ -58,10 +59,26 @@ def check_dtype(*tensors: torch.Tensor) -> None:
             raise ValueError(f"dtype mismatch: {t.dtype} vs {d}")
 
 
+def autotune_limit() -> int:
+    """``WIDE_AUTOTUNE_MAX``: 0 (unset, the default) lets every autotuner try all its configs; N > 0 only the
+    first N of each list (fast GPU test runs; timings taken so are not what a deployment gets)."""
+    return max(int(os.environ.get("WIDE_AUTOTUNE_MAX", "0")), 0)
+
+
 def autotune_subset(configs: list) -> list:
-    """The configs an autotuner tries: all, or the first ``WIDE_AUTOTUNE_MAX`` (fast GPU test runs)."""
-    limit = int(os.environ.get("WIDE_AUTOTUNE_MAX", "0"))
+    """The configs an autotuner tries: all, or the first ``autotune_limit()``."""
+    limit = autotune_limit()
     return configs[:limit] if limit > 0 else configs
+
+
+def warn_if_autotune_limited(what: str) -> None:
+    """One warning when a benchmark runs with ``WIDE_AUTOTUNE_MAX`` set."""
+    if autotune_limit():
+        warnings.warn(
+            f"{what}: WIDE_AUTOTUNE_MAX={autotune_limit()} lets each autotuned kernel try only its first "
+            f"{autotune_limit()} config(s); these timings are not what a deployment gets (unset it to tune fully)",
+            stacklevel=3,
+        )
 
 
 def largest_pow2_divisor(n: int, cap: int) -> int:
