@@ -54,6 +54,30 @@ def test_chunked_kl_equals_torch_reference_value_and_gradient():
         assert float(chunked_kl_loss(ht, ht, labels, head, 4)) == pytest.approx(0.0, abs=1e-6)
 
 
+@pytest.mark.parametrize("with_teacher", [False, True])
+def test_chunked_task_losses_compiled_equals_eager(with_teacher):
+    """One pass gives the plain LM loss (and the KL, 0 without a teacher); the torch.compile'd chunk
+    (what `--compile` trains with) gives the same values and gradients up to fp32 rounding."""
+    from wide.train.loss import chunked_lm_loss
+    from wide.train.losses import chunked_task_losses
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(16, 50, bias=False)
+    h = torch.randn(2, 9, 16, requires_grad=True)
+    ht = torch.randn(2, 9, 16) if with_teacher else None
+    labels = torch.randint(0, 50, (2, 9))
+    labels[1, 6:] = -100
+    out = {}
+    for compiled in (False, True):
+        lm, kl = chunked_task_losses(h, ht, labels, head, chunk_tokens=5, compiled=compiled)
+        (lm + 0.5 * kl).backward()
+        out[compiled] = (lm.detach(), kl.detach(), h.grad.clone())
+        h.grad = None
+    torch.testing.assert_close(out[True], out[False], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out[False][0], chunked_lm_loss(h, labels, head, 5).detach())
+    assert (float(out[False][1]) > 0) == with_teacher  # the KL's value: test_chunked_kl_equals_torch_reference...
+
+
 def test_teacher_is_the_dense_model_and_keeps_the_student_masks():
     model = tiny_model("llama")
     ids, am, _ = _batch()

@@ -635,7 +635,9 @@ def calibrate(
                 teacher = teacher_hidden(wm, ids, am, adapter)  # [B, T, D] dense teacher, None unless distilling
                 if tc.loss_chunk_tokens or teacher is not None:
                     hidden = wm.hidden_states(ids, attention_mask=am)
-                    objective, lm = task_loss(wm, hidden, labels, teacher, tc.loss_chunk_tokens or 8192)
+                    objective, lm = task_loss(
+                        wm, hidden, labels, teacher, tc.loss_chunk_tokens or 8192, compiled=tc.compile
+                    )
                 else:
                     lm = objective = wm(ids, attention_mask=am, labels=labels).loss
             a, f = wm.skip_rates()

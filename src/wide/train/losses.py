@@ -2,7 +2,8 @@
 
 - distillation: KL(p_dense || p_routed) of the next-token distributions, the teacher being the same
   weights with routing off (one extra no-grad forward), computed in token chunks so that the fp32
-  logits [N, V] of student and teacher exist for one chunk at a time (as `chunked_lm_loss`);
+  logits [N, V] of student and teacher exist for one chunk at a time (as `chunked_lm_loss`), the LM
+  loss from the same log-softmax of the student's logits (`chunked_task_losses`);
 - a FLOP-weighted sparsity target: α·|S − FLOPs removed| where the FLOPs removed are the per-layer
   skip rates weighted by what skipping costs per token (`FlopWeights`), so that S = 0.5 means half
   of the forward's FLOPs removed rather than half of the groups.
@@ -10,6 +11,7 @@
 
 from __future__ import annotations
 
+import functools
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -20,16 +22,66 @@ from torch.utils.checkpoint import checkpoint
 from wide.accounting import FlopModel
 from wide.config import WideConfig
 from wide.routing import sparsity_loss
-from wide.train.loss import IGNORE, chunked_lm_loss
+from wide.train.loss import IGNORE
 
 
 # ------------------------------------------------------------------------- distillation
-def _chunk_kl_sum(h: torch.Tensor, ht: torch.Tensor, valid: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """h, ht: [N, D] student / teacher hidden states; valid: [N] -> Σ KL(teacher || student) in fp32."""
+def _chunk_sums(
+    h: torch.Tensor, ht: torch.Tensor | None, y: torch.Tensor, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """h, ht: [N, D] student / teacher hidden states (ht None: no KL); y: [N] next-token labels (IGNORE:
+    not scored) -> (Σ cross-entropy, Σ KL(teacher || student)) over the scored positions, fp32, both from
+    one log-softmax of the student's logits."""
     s = F.log_softmax(F.linear(h, weight).float(), dim=-1)  # [N, V]
+    valid = y != IGNORE  # [N]
+    ce = -(s.gather(1, y.clamp_min(0)[:, None]).squeeze(1) * valid).sum()
+    if ht is None:
+        return ce, torch.zeros_like(ce)
     t = F.log_softmax(F.linear(ht, weight).float(), dim=-1)  # [N, V]
-    kl = F.kl_div(s, t, log_target=True, reduction="none").sum(-1)  # [N]
-    return (kl * valid).sum()
+    kl = (F.kl_div(s, t, log_target=True, reduction="none").sum(-1) * valid).sum()
+    return ce, kl
+
+
+def _chunk_sums_ckpt(h, ht, y, weight):
+    """_chunk_sums whose fp32 logits are recomputed in the backward pass instead of kept."""
+    return checkpoint(_chunk_sums, h, ht, y, weight, use_reentrant=False)
+
+
+@functools.cache
+def _compiled_chunk_sums():
+    # one fused kernel per reduction instead of materialised fp32 logits, log-probs and their gradients
+    return torch.compile(_chunk_sums_ckpt, dynamic=False)
+
+
+def chunked_task_losses(
+    hidden: torch.Tensor,
+    teacher_hidden: torch.Tensor | None,
+    labels: torch.Tensor,
+    lm_head: torch.nn.Linear,
+    chunk_tokens: int = 8192,
+    compiled: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean next-token cross-entropy, mean KL(p_teacher || p_student)) over the scored positions (next label
+    != IGNORE), in token chunks so that the fp32 logits [N, V] of student and teacher exist for one chunk at a
+    time; each chunk's logits are recomputed in the backward pass. The KL is 0 without a teacher.
+
+    hidden: [B, T, D] routed final hidden states (after the final norm); teacher_hidden: [B, T, D] (no grad)
+    or None; labels: [B, T]. compiled: the chunk through torch.compile (same values up to fp32 rounding)."""
+    if lm_head.bias is not None:
+        raise ValueError("chunked_task_losses expects an lm_head without bias")
+    d = hidden.shape[-1]
+    h = hidden[:, :-1].reshape(-1, d)  # [B·(T-1), D]
+    ht = None if teacher_hidden is None else teacher_hidden[:, :-1].reshape(-1, d).detach().to(h.dtype)
+    y = labels[:, 1:].reshape(-1).to(h.device)  # [B·(T-1)]
+    grad = torch.is_grad_enabled() and h.requires_grad
+    fn = (_compiled_chunk_sums() if compiled else _chunk_sums_ckpt) if grad else _chunk_sums
+    ce = kl = hidden.new_zeros((), dtype=torch.float32)
+    for s in range(0, h.shape[0], chunk_tokens):
+        c, k = fn(h[s : s + chunk_tokens], None if ht is None else ht[s : s + chunk_tokens], y[s : s + chunk_tokens],
+                  lm_head.weight)  # fmt: skip
+        ce, kl = ce + c, kl + k
+    n = (y != IGNORE).sum().clamp_min(1)
+    return ce / n, kl / n
 
 
 def chunked_kl_loss(
@@ -39,24 +91,9 @@ def chunked_kl_loss(
     lm_head: torch.nn.Linear,
     chunk_tokens: int = 8192,
 ) -> torch.Tensor:
-    """Mean over the positions the LM loss scores (next label != IGNORE) of KL(p_teacher || p_student).
-
-    hidden: [B, T, D] routed final hidden states (after the final norm); teacher_hidden: [B, T, D]
-    (no grad); labels: [B, T]. Each chunk's student logits are recomputed in the backward pass."""
-    if lm_head.bias is not None:
-        raise ValueError("chunked_kl_loss expects an lm_head without bias")
-    d = hidden.shape[-1]
-    h = hidden[:, :-1].reshape(-1, d)  # [B·(T-1), D]
-    ht = teacher_hidden[:, :-1].reshape(-1, d).detach().to(h.dtype)
-    valid = (labels[:, 1:].reshape(-1) != IGNORE).to(h.device, torch.float32)  # [B·(T-1)]
-    total = hidden.new_zeros((), dtype=torch.float32)
-    for s in range(0, h.shape[0], chunk_tokens):
-        args = (h[s : s + chunk_tokens], ht[s : s + chunk_tokens], valid[s : s + chunk_tokens], lm_head.weight)
-        if torch.is_grad_enabled() and args[0].requires_grad:
-            total = total + checkpoint(_chunk_kl_sum, *args, use_reentrant=False)
-        else:
-            total = total + _chunk_kl_sum(*args)
-    return total / valid.sum().clamp_min(1)
+    """Mean over the positions the LM loss scores (next label != IGNORE) of KL(p_teacher || p_student)
+    (``chunked_task_losses``' second term). hidden: [B, T, D]; teacher_hidden: [B, T, D]; labels: [B, T]."""
+    return chunked_task_losses(hidden, teacher_hidden, labels, lm_head, chunk_tokens)[1]
 
 
 @torch.no_grad()
@@ -72,21 +109,23 @@ def teacher_hidden(wm, ids: torch.Tensor, attention_mask: torch.Tensor, adapter=
 
 
 def task_loss(
-    wm, hidden: torch.Tensor, labels: torch.Tensor, teacher: torch.Tensor | None, chunk_tokens: int
+    wm,
+    hidden: torch.Tensor,
+    labels: torch.Tensor,
+    teacher: torch.Tensor | None,
+    chunk_tokens: int,
+    compiled: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(objective, LM loss): the LM loss, the KL to the teacher, or their sum (config.distill).
-    The LM loss is always returned for logging; it is computed without grad when not optimised."""
-    head = wm.model.lm_head
+    """(objective, LM loss): the LM loss, the KL to the teacher, or their sum (config.distill), from one
+    pass over the logits (``chunked_task_losses``; compiled: through torch.compile). The LM loss is always
+    returned for logging; it carries no gradient when it is not optimised."""
     mode = wm.config.distill
-    if mode == "none" or teacher is None:
-        lm = chunked_lm_loss(hidden, labels, head, chunk_tokens)
+    distil = mode != "none" and teacher is not None
+    lm, kl = chunked_task_losses(hidden, teacher if distil else None, labels, wm.model.lm_head, chunk_tokens, compiled)
+    if not distil:
         return lm, lm
-    kl = chunked_kl_loss(hidden, teacher, labels, head, chunk_tokens)
     if mode == "kl":
-        with torch.no_grad():
-            lm = chunked_lm_loss(hidden, labels, head, chunk_tokens)
-        return kl, lm
-    lm = chunked_lm_loss(hidden, labels, head, chunk_tokens)
+        return kl, lm.detach()
     return lm + kl, lm
 
 
