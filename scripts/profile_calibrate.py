@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from wide.bench.e2e import build_model
+from wide.bench.e2e import TINY_LLAMA, build_model
 from wide.config import WideConfig
 from wide.model import WideModel
 from wide.train.calibrate import TrainConfig, calibrate
@@ -35,15 +35,6 @@ SMOLLM2_135M = dict(
     vocab_size=49152,
     max_position_embeddings=8192,
     tie_word_embeddings=True,
-)
-TINY = dict(
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    intermediate_size=128,
-    vocab_size=101,
-    max_position_embeddings=256,
 )
 
 
@@ -71,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda" if torch.cuda.is_available() and not a.tiny else "cpu")
-    shape = TINY if a.tiny else SMOLLM2_135M
+    shape = TINY_LLAMA if a.tiny else SMOLLM2_135M
     dtype = torch.float32 if a.tiny else torch.bfloat16
     batch, seq = (2, 32) if a.tiny else (a.batch, a.seq_len)
     model = build_model(shape, str(device), dtype)

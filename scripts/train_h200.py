@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from wide.bench.e2e import LLAMA_8B, build_model
+from wide.bench.e2e import LLAMA_8B, TINY_LLAMA, build_model
 from wide.config import WideConfig
 from wide.model import WideModel
 from wide.train.calibrate import TrainConfig, calibrate
@@ -37,15 +37,6 @@ from wide.train.data import TokenDataset
 from wide.train.distributed import init_from_env
 from wide.train.fsdp import ParallelConfig
 
-TINY = dict(
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    intermediate_size=128,
-    vocab_size=101,
-    max_position_embeddings=256,
-)
 Size = tuple[int, int]  # (batch, seq_len)
 # the search, in increasing tokens per step, the two sequence lengths interleaved (a time budget cuts both)
 SEARCH_8B: list[Size] = sorted(
@@ -173,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # the replica runs do not need it
         group_error = f"process group: {type(e).__name__}: {e}"
         traceback.print_exc()
-    shape = TINY if a.tiny else LLAMA_8B
+    shape = TINY_LLAMA if a.tiny else LLAMA_8B
     dtype = torch.float32 if a.tiny else torch.bfloat16
     base: Size = tuple(int(x) for x in (a.base or ("2x32" if a.tiny else "4x4096")).split("x"))  # type: ignore[assignment]
     sizes = SEARCH_TINY if a.tiny else SEARCH_8B

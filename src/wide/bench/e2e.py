@@ -37,6 +37,16 @@ LLAMA_8B = dict(
     vocab_size=128256,
     max_position_embeddings=32768,
 )
+# a tiny Llama for the CPU smoke tests of the GPU scripts
+TINY_LLAMA = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    vocab_size=101,
+    max_position_embeddings=256,
+)
 
 
 def build_model(shape: dict, device: str, dtype: torch.dtype):
