@@ -197,6 +197,13 @@ def test_spec_checks_order_and_device_spec():
     assert [getattr(control, f) for f in same] == [getattr(warm[0], f) for f in same] and control.distill == "none"
     moved = [s for s in warm if s.extra_args]  # one 50% row moves its FFN routers to the layer input
     assert [(s.target, s.extra_args) for s in moved] == [(0.5, ["--ffn-router-source", "layer"])]
+    # the shipped calibration-only routers (the warm starts' last rows) trained on again, with distillation
+    warm3 = qr.load_specs([ROOT / "scripts" / "device" / "quality-warm3-distill.json"])
+    qr.check_specs(specs + sweep + long + skip_lora + base_lora + source + long_kd + warm + warm3)
+    shipped = {0.5: warm[3], 0.25: warm[1]}
+    for s in warm3:
+        ref = shipped[s.target]
+        assert s.init_from == ref.key and (s.batch_size, s.distill, s.lora_steps, s.extra_args) == (16, "kl+lm", 0, [])
     compiled = qr.parse_args(["--spec", "x.json", "--out", "q.json", "--compile"])
     assert "--compile" in qr.finetune_args(long[-1], compiled, Path("s1"), Path("out"))  # LoRA stages compile too
     assert "--compile" not in qr.finetune_args(long[-1], a, Path("s1"), Path("out"))
