@@ -35,6 +35,8 @@
 #   SPEC=scripts/device/quality-warm3-distill.json: the shipped calibration-only routers (wide-50-long-warm2-kllm,
 #     wide-25-long-warm-kllm) 3,500 distilled steps more, 50% then 25% (after the one-pass compiled loss: about
 #     twice the distilled tokens a call of the rows above)
+#   SPEC=scripts/device/quality-long-g32.json JOBS=2: the 4,000-step rows (quality-long.json's first two) with 32-channel
+#     FFN groups: the group-size ablation at the long budget (the CPU oracle of docs/results.md favours small groups)
 #   SPEC=scripts/device/quality-router-source.json: WIDE with the FFN router reading the layer input (the
 #     ffn_router_source lever of docs/kernels.md's open problems), 25% and 50%, against wide-25 / wide-50
 #   SPEC=scripts/device/quality-lora-baselines.json: layer skipping + LoRA (stage 1 trained again) and static width

@@ -204,6 +204,12 @@ def test_spec_checks_order_and_device_spec():
     for s in warm3:
         ref = shipped[s.target]
         assert s.init_from == ref.key and (s.batch_size, s.distill, s.lora_steps, s.extra_args) == (16, "kl+lm", 0, [])
+    # the group-size ablation at the long budget: the 4,000-step rows with 32-channel FFN groups
+    g32 = qr.load_specs([ROOT / "scripts" / "device" / "quality-long-g32.json"])
+    qr.check_specs(specs + sweep + long + skip_lora + base_lora + source + long_kd + warm + warm3 + g32)
+    for s in g32:
+        ref = by_target[s.target]
+        assert (s.steps, s.batch_size, s.distill, s.ffn_group_size) == (ref.steps, ref.batch_size, ref.distill, 32)
     compiled = qr.parse_args(["--spec", "x.json", "--out", "q.json", "--compile"])
     assert "--compile" in qr.finetune_args(long[-1], compiled, Path("s1"), Path("out"))  # LoRA stages compile too
     assert "--compile" not in qr.finetune_args(long[-1], a, Path("s1"), Path("out"))
