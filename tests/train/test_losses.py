@@ -58,8 +58,7 @@ def test_chunked_kl_equals_torch_reference_value_and_gradient():
 def test_chunked_task_losses_compiled_equals_eager(with_teacher):
     """One pass gives the plain LM loss (and the KL, 0 without a teacher); the torch.compile'd chunk
     (what `--compile` trains with) gives the same values and gradients up to fp32 rounding."""
-    from wide.train.loss import chunked_lm_loss
-    from wide.train.losses import chunked_task_losses
+    from wide.train.loss import chunked_lm_loss, chunked_task_losses
 
     torch.manual_seed(0)
     head = torch.nn.Linear(16, 50, bias=False)

@@ -73,10 +73,11 @@ def autotune_subset(configs: list) -> list:
 
 def warn_if_autotune_limited(what: str) -> None:
     """One warning when a benchmark runs with ``WIDE_AUTOTUNE_MAX`` set."""
-    if autotune_limit():
+    n = autotune_limit()
+    if n:
         warnings.warn(
-            f"{what}: WIDE_AUTOTUNE_MAX={autotune_limit()} lets each autotuned kernel try only its first "
-            f"{autotune_limit()} config(s); these timings are not what a deployment gets (unset it to tune fully)",
+            f"{what}: WIDE_AUTOTUNE_MAX={n} lets each autotuned kernel try only its first {n} config(s); "
+            "these timings are not what a deployment gets (unset it to tune fully)",
             stacklevel=3,
         )
 
