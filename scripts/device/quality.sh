@@ -32,11 +32,14 @@
 #     3,000 steps more with distillation (`wide calibrate --init-routers`), 50% then 25%, then 50% with the FFN
 #     routers moved to the layer input (the 5-launch decode layer), then the first 50% row's routers 3,000
 #     steps more again, then the first row without distillation (what the extra steps alone give); calibration only
-#   SPEC=scripts/device/quality-warm3-distill.json: the shipped calibration-only routers (wide-50-long-warm2-kllm,
-#     wide-25-long-warm-kllm) 3,500 distilled steps more, 50% then 25% (after the one-pass compiled loss: about
+#   SPEC=scripts/device/quality-warm3-distill.json: the G 128 calibration-only routers (wide-50-long-warm2-kllm,
+#     shipped until d52880f; wide-25-long-warm-kllm, shipped) 3,500 distilled steps more, 50% then 25% (after the one-pass compiled loss: about
 #     twice the distilled tokens a call of the rows above)
 #   SPEC=scripts/device/quality-long-g32.json JOBS=2: the 4,000-step rows (quality-long.json's first two) with 32-channel
 #     FFN groups: the group-size ablation at the long budget (the CPU oracle of docs/results.md favours small groups)
+#   SPEC="scripts/device/quality-long-g32.json scripts/device/quality-g32-warm-distill.json": those rows' routers
+#     1,500 distilled steps more, 50% then 25% (the 50% one is shipped as smollm2-135m-s50; a fresh machine has no
+#     wide-50-long-g32, so run the 25% pair with QUALITY_EXTRA="--only wide-25-long-g32,wide-25-long-g32-warm-kllm")
 #   SPEC=scripts/device/quality-router-source.json: WIDE with the FFN router reading the layer input (the
 #     ffn_router_source lever of docs/kernels.md's open problems), 25% and 50%, against wide-25 / wide-50
 #   SPEC=scripts/device/quality-lora-baselines.json: layer skipping + LoRA (stage 1 trained again) and static width

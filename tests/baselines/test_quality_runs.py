@@ -210,6 +210,15 @@ def test_spec_checks_order_and_device_spec():
     for s in g32:
         ref = by_target[s.target]
         assert (s.steps, s.batch_size, s.distill, s.ffn_group_size) == (ref.steps, ref.batch_size, ref.distill, 32)
+    # their routers trained on with distillation, each from the G 32 row of its target
+    g32_warm = qr.load_specs([ROOT / "scripts" / "device" / "quality-g32-warm-distill.json"])
+    qr.check_specs(specs + sweep + long + skip_lora + base_lora + source + long_kd + warm + warm3 + g32 + g32_warm)
+    g32_by_target = {s.target: s for s in g32}
+    assert sorted(s.target for s in g32_warm) == [0.25, 0.5]
+    for s in g32_warm:
+        ref = g32_by_target[s.target]
+        assert s.init_from == ref.key and s.ffn_group_size == 32 and (s.distill, s.lora_steps) == ("kl+lm", 0)
+        assert (s.steps, s.batch_size) == (1500, ref.batch_size)
     compiled = qr.parse_args(["--spec", "x.json", "--out", "q.json", "--compile"])
     assert "--compile" in qr.finetune_args(long[-1], compiled, Path("s1"), Path("out"))  # LoRA stages compile too
     assert "--compile" not in qr.finetune_args(long[-1], a, Path("s1"), Path("out"))
