@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CKPTS = ROOT / "src" / "wide" / "checkpoints"
-TREE_ROWS = {"wide-25-long-warm-kllm": "smollm2-135m-s25", "wide-50-long-warm2-kllm": "smollm2-135m-s50"}
+TREE_ROWS = {"wide-25-long-warm-kllm": "smollm2-135m-s25", "wide-50-long-g32-warm-kllm": "smollm2-135m-s50"}
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bash") is None or shutil.which("git") is None or not (ROOT / ".git").exists(),
@@ -66,6 +66,7 @@ def test_seed_and_restore(tmp_path):
         ("wide-25-long", "f043025", "smollm2-135m-s25"),
         ("wide-50-long", "839dbe2", "smollm2-135m-s50"),
         ("wide-50-long-warm-kllm", "d827a05", "smollm2-135m-s50"),
+        ("wide-50-long-warm2-kllm", "d52880f", "smollm2-135m-s50"),
     ],
 )
 def test_rows_from_history_are_the_routers_shipped_then(tmp_path, row, rev, ckpt):
