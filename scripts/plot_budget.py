@@ -3,11 +3,12 @@ WikiText-2 word perplexity as a multiple of the dense model's, against the token
 (stage 1, warm starts and LoRA all counted), one panel per target that has rows at more than one budget.
 Calibration-only rows are circles, + LoRA rows squares, distilled rows (`--distill`) filled; each row is
 labelled with its steps and joined to the row it started from (stage1_from / init_from). Only the plain
-WIDE series enters (groups target, 128-channel FFN groups, no extra calibrate flags), so what moves is the
-budget and the objective. Dashed lines: the goals of the quality issue, when given (--goal).
+WIDE series enter (groups target, no extra calibrate flags), one per FFN group size named in --group-sizes
+(default 128; other sizes drawn as triangles / diamonds), so what moves is the budget, the objective and the
+group size. Dashed lines: the goals of the quality issue, when given (--goal).
 
   python scripts/plot_budget.py bench/results/smollm2/quality-h200.json --out docs/plots/budget-h200.png \
-      --goal 0.25:1.25 --goal 0.5:3.0 --goal 0.5:2.2:LoRA
+      --goal 0.25:1.25 --goal 0.5:3.0 --goal 0.5:2.2:LoRA --group-sizes 128,32
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ import sys
 from pathlib import Path
 
 
-def plain_wide(rec: dict) -> bool:
-    """The rows of the plain WIDE series: what differs between them is the budget and the objective."""
+def plain_wide(rec: dict, group_sizes: tuple[int, ...] = (128,)) -> bool:
+    """The rows of the plain WIDE series: what differs between them is the budget, the objective and the FFN
+    group size (one of `group_sizes`)."""
     return (
         rec.get("method") == "wide"
         and rec.get("status", "done") == "done"
         and rec.get("sparsity_kind", "groups") == "groups"
-        and rec.get("ffn_group_size", 128) == 128
+        and rec.get("ffn_group_size", 128) in group_sizes
         and rec.get("attn_target") is None
         and not rec.get("extra_args")
         and rec.get("wikitext_word_ppl")
@@ -42,13 +44,13 @@ def steps_label(rec: dict) -> str:
     return label + (f" {rec['distill']}" if rec.get("distill", "none") != "none" else "")
 
 
-def points(records: list[dict]) -> tuple[float, dict[float, list[dict]]]:
-    """(dense word perplexity, target -> plain WIDE rows sorted by tokens)."""
+def points(records: list[dict], group_sizes: tuple[int, ...] = (128,)) -> tuple[float, dict[float, list[dict]]]:
+    """(dense word perplexity, target -> plain WIDE rows of those FFN group sizes sorted by tokens)."""
     dense = next((r for r in records if r.get("method") == "dense" and r.get("wikitext_word_ppl")), None)
     if dense is None:
         raise SystemExit("no dense record with a WikiText-2 perplexity: nothing to divide by")
     by_target: dict[float, list[dict]] = {}
-    for r in filter(plain_wide, records):
+    for r in (r for r in records if plain_wide(r, group_sizes)):
         by_target.setdefault(r["target"], []).append(r)
     # a target trained at one budget only says nothing about the budget
     by_target = {t: rows for t, rows in by_target.items() if len({r["tokens"] for r in rows}) > 1}
@@ -68,16 +70,24 @@ def parse_goal(text: str) -> tuple[float, float, str]:
         raise argparse.ArgumentTypeError(f"--goal {text!r}: {e}") from None
 
 
-def plot(records: list[dict], out: Path, goals: list[tuple[float, float, str]]) -> Path:
+def plot(
+    records: list[dict], out: Path, goals: list[tuple[float, float, str]], group_sizes: tuple[int, ...] = (128,)
+) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
-    dense, by_target = points(records)
+    dense, by_target = points(records, group_sizes)
     if not by_target:
-        raise SystemExit("no target with plain WIDE rows (groups target, G 128, no extra flags) at two budgets")
+        sizes = "/".join(map(str, group_sizes))
+        raise SystemExit(f"no target with plain WIDE rows (groups target, G {sizes}, no extra flags) at two budgets")
+    # (group size, LoRA) -> marker, colour: the first size keeps circles / squares, the others triangles / diamonds
+    styles = {}
+    for i, g in enumerate(group_sizes):
+        styles[(g, False)] = ("o" if i == 0 else "^", ("tab:blue", "tab:green", "tab:purple")[min(i, 2)])
+        styles[(g, True)] = ("s" if i == 0 else "D", ("tab:orange", "tab:red", "tab:brown")[min(i, 2)])
     fig, axes = plt.subplots(1, len(by_target), figsize=(6.2 * len(by_target), 4.6), squeeze=False)
     for ax, (target, rows) in zip(axes[0], by_target.items()):
         xy = {r["name"]: (r["tokens"] / 1e6, r["wikitext_word_ppl"] / dense) for r in rows}
@@ -87,8 +97,8 @@ def plot(records: list[dict], out: Path, goals: list[tuple[float, float, str]]) 
                 (x0, y0), (x1, y1) = xy[src], xy[r["name"]]
                 ax.plot([x0, x1], [y0, y1], color="grey", lw=0.7, alpha=0.6)
         placed: list[tuple[float, float]] = []  # labelled points: a label near one goes below its point
-        for lora, marker, colour in ((False, "o", "tab:blue"), (True, "s", "tab:orange")):
-            sel = [r for r in rows if bool(r.get("lora_steps")) == lora]
+        for (g, lora), (marker, colour) in styles.items():
+            sel = [r for r in rows if bool(r.get("lora_steps")) == lora and r.get("ffn_group_size", 128) == g]
             if not sel:
                 continue
             for r in sel:
@@ -99,7 +109,9 @@ def plot(records: list[dict], out: Path, goals: list[tuple[float, float, str]]) 
                 ax.annotate(steps_label(r), (x, y), textcoords="offset points", xytext=(6, -11 if near else 4),
                             fontsize=7)  # fmt: skip
                 placed.append((x, y))
-            ax.plot([], [], marker, color=colour, mfc="white", label="+ LoRA" if lora else "calibration only")
+            kind = "+ LoRA" if lora else "calibration only"
+            kind = f"G {g}, {kind}" if len(group_sizes) > 1 else kind
+            ax.plot([], [], marker, color=colour, mfc="white", label=kind)
         for g_target, ratio, label in goals:
             if g_target == target:
                 ax.axhline(ratio, ls="--", lw=0.8, color="grey")
@@ -133,10 +145,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("records", type=Path, help="a quality sweep's JSON (scripts/quality_runs.py --out)")
     p.add_argument("--out", type=Path, required=True, help="the PNG to write")
     p.add_argument("--goal", type=parse_goal, action="append", default=[], help="TARGET:RATIO[:LABEL], repeatable")
+    p.add_argument("--group-sizes", default="128", help="FFN group sizes, comma list: one series each (first: circles)")
     a = p.parse_args(argv)
+    try:
+        sizes = tuple(int(s) for s in a.group_sizes.split(","))
+    except ValueError:
+        p.error(f"--group-sizes {a.group_sizes!r}: expected a comma list of integers, e.g. 128,32")
     if not a.records.is_file():
         p.error(f"{a.records}: no such file")
-    print(plot(json.loads(a.records.read_text())["records"], a.out, a.goal))
+    print(plot(json.loads(a.records.read_text())["records"], a.out, a.goal, sizes))
     return 0
 
 

@@ -350,6 +350,12 @@ def test_budget_plot_rows_labels_and_goals(tmp_path):
     assert out.is_file() and out.stat().st_size > 1000
     with pytest.raises(SystemExit, match="no dense record"):
         pb.points(records[1:])
+    # another group size is its own series when asked for
+    _, both = pb.points(records, (128, 64))
+    assert [r["name"] for r in both[0.5]] == ["a", "g64", "b", "d", "c"]
+    assert pb.main([str(records_file), "--out", str(out), "--group-sizes", "128,64"]) == 0
+    with pytest.raises(SystemExit):
+        pb.main([str(records_file), "--out", str(out), "--group-sizes", "x"])
 
 
 @pytest.fixture(scope="module")
