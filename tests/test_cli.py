@@ -99,6 +99,16 @@ def test_calibrate_init_routers_warm_starts(tiny_dir, text_file, tmp_path, capsy
     assert calibrate_tiny(tiny_dir, text_file, moved, *still, "--init-routers", s1, "--ffn-router-source", "layer") == 0
     assert all(torch.allclose(weights(moved)[k], w1[k], atol=1e-6) for k in w1)
     assert json.loads((moved / "wide_config.json").read_text())["config"]["ffn_router_source"] == "layer"
+    # router shapes left out are the checkpoint's (its G_ffn 16 and rank 8, not the defaults 128 and 32)
+    bare = tmp_path / "bare"
+    args = ("calibrate", "--model", tiny_dir, "--data", text_file, "--steps", 1, "--seq-len", 32, "--batch-size", 2)
+    assert cli(*args, "--init-routers", s1, "--out", bare) == 0
+    assert all(torch.allclose(weights(bare)[k], w1[k], atol=1e-2) for k in w1)
+    saved = json.loads((bare / "wide_config.json").read_text())["config"]
+    assert (saved["ffn_group_size"], saved["router_rank"]) == (16, 8)
+    capsys.readouterr()
+    assert cli(*args, "--out", tmp_path / "fresh-default") == 0  # without --init-routers: the defaults
+    assert json.loads((tmp_path / "fresh-default" / "wide_config.json").read_text())["config"]["ffn_group_size"] == 128
     capsys.readouterr()
 
     assert calibrate_tiny(tiny_dir, text_file, tmp_path / "x", "--init-routers", s1, "--router-rank", 4) == 2

@@ -117,6 +117,23 @@ def _method(a: argparse.Namespace) -> str:
 _ROUTER_STRUCTURE = ("method", "attn_group_size", "ffn_group_size", "router_rank")
 
 
+def _router_shape(a: argparse.Namespace) -> dict:
+    """--attn-group-size, --ffn-group-size, --router-rank as given; a flag left out takes the --init-routers
+    checkpoint's value when there is one (a warm start must match it), else its default (Hq/Hk, 128, 32)."""
+    given = {"attn_group_size": a.attn_group_size, "ffn_group_size": a.ffn_group_size, "router_rank": a.router_rank}
+    from wide.model.checkpoint import has_adapter
+
+    # a stage-2 checkpoint is refused in one line by _check_init_routers, not read here
+    if a.init_routers and None in given.values() and not has_adapter(a.init_routers):
+        from wide.config import WideConfig
+        from wide.model.checkpoint import check_checkpoint
+
+        saved = WideConfig.from_dict(check_checkpoint(a.init_routers)["config"])
+        return {k: getattr(saved, k) if v is None else v for k, v in given.items()}
+    defaults = {"ffn_group_size": 128, "router_rank": 32}
+    return {k: defaults.get(k) if v is None else v for k, v in given.items()}
+
+
 def _check_init_routers(ckpt: str, cfg) -> None:
     """--init-routers CKPT: a stage-1 checkpoint of this run's trained method and router shapes."""
     from wide.baselines import TRAINING_FREE
@@ -144,9 +161,7 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     method = _method(a)
     device = _train_device(a)
     cfg = WideConfig(
-        attn_group_size=a.attn_group_size,
-        ffn_group_size=a.ffn_group_size,
-        router_rank=a.router_rank,
+        **_router_shape(a),
         sparsity=a.sparsity,
         attn_sparsity=a.attn_sparsity,
         ffn_sparsity=a.ffn_sparsity,
@@ -535,9 +550,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--attn-sparsity", type=float, help="separate attention target (eq. 22, with --ffn-sparsity; default: off)"
     )
     c.add_argument("--ffn-sparsity", type=float, help="separate FFN target (eq. 22; default: off)")
-    c.add_argument("--attn-group-size", type=int, help="query heads per attention decision (default: Hq/Hk)")
-    c.add_argument("--ffn-group-size", type=int, default=128, help="FFN channels per routing decision (G_ffn)")
-    c.add_argument("--router-rank", type=int, default=32, help="router bottleneck width r (D -> r -> 2 N_G)")
+    c.add_argument(
+        "--attn-group-size", type=int, help="query heads per attention decision (default: Hq/Hk, or --init-routers')"
+    )
+    c.add_argument(
+        "--ffn-group-size", type=int, help="FFN channels per routing decision, G_ffn (default: 128, or --init-routers')"
+    )
+    c.add_argument(
+        "--router-rank", type=int, help="router bottleneck width r, D -> r -> 2 N_G (default: 32, or --init-routers')"
+    )
     c.add_argument(
         "--router-input",
         choices=["normed", "residual"],
