@@ -186,6 +186,9 @@ def main() -> None:
     ap.add_argument(
         "--eager-unfused", action="store_true", help="unfused variants without torch.compile (default: compiled)"
     )
+    ap.add_argument(
+        "--ffn-group-size", type=int, help="the WIDE rows' FFN channels per decision, G_ffn (default 128; --smoke: 32)"
+    )
     ap.add_argument("--smoke", action="store_true", help="tiny model (CPU interpreter / quick GPU check)")
     ap.add_argument("--fused-only", action="store_true", help="only the fused step (no unfused baselines)")
     ap.add_argument("--tune", default="", help="fused launch overrides, e.g. ffn_block_n=64,num_stages=4")
@@ -245,7 +248,9 @@ def run_all(args: argparse.Namespace, tune: dict[str, int]) -> None:
         return not fused and str(dev).startswith("cuda") and not args.eager_unfused
 
     model = build_model(shape, dev, dtype)
-    wm = WideModel(model, WideConfig(ffn_group_size=128 if not args.smoke else 32))
+    g_ffn = args.ffn_group_size or (32 if args.smoke else 128)
+    meta["ffn_group_size"] = g_ffn
+    wm = WideModel(model, WideConfig(ffn_group_size=g_ffn))
     probe = torch.randint(0, shape["vocab_size"], (1, 512 if not args.smoke else 32), device=dev)
     modes = (True,) if args.fused_only else (False, True)
     dense = {}

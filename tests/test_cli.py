@@ -325,7 +325,8 @@ def test_bench_e2e_subset_options_parse_and_reject_bad_lists(capsys):
     from wide.cli import build_parser
 
     a = build_parser().parse_args(["bench", "e2e", "--batches", "1,16", "--sparsities", "0.5,0.7"])
-    assert a.batches == (1, 16) and a.sparsities == (0.5, 0.7)
+    assert a.batches == (1, 16) and a.sparsities == (0.5, 0.7) and a.ffn_group_size == 128
+    assert build_parser().parse_args(["bench", "e2e", "--ffn-group-size", "32"]).ffn_group_size == 32
     for bad in (["--batches", "1,x"], ["--batches", "0"], ["--sparsities", "1.5"]):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["bench", "e2e", *bad])

@@ -445,7 +445,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
         t = time.time()
         kw = {k: v for k, v in (("batches", a.batches), ("sparsities", a.sparsities)) if v}
-        rows = run_e2e_bench(a.out, quick=a.quick, compile=a.compile, fused_decode=a.fused_decode, **kw)
+        rows = run_e2e_bench(
+            a.out, quick=a.quick, compile=a.compile, fused_decode=a.fused_decode, ffn_group_size=a.ffn_group_size, **kw
+        )
         print(f"{len(rows)} records in {time.time() - t:.0f}s -> {a.out}")
         return 0
     raise SystemExit(f"unknown benchmark {a.what!r}")
@@ -808,6 +810,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--sparsities",
         type=_csv(float, 0.0, 0.99),
         help="e2e: comma list of WIDE sparsity levels (default 0,0.25,0.5,0.7)",
+    )
+    b.add_argument(
+        "--ffn-group-size", type=int, default=128, help="e2e: the routers' FFN channels per decision (G_ffn)"
     )
     b.set_defaults(func=cmd_bench)
     return p

@@ -41,7 +41,8 @@ def test_e2e_bench_records(tmp_path):
 
 
 def test_e2e_bench_fused_decode_is_recorded(tmp_path):
-    """--fused-decode reaches the runtime (head_dim 32 here: the fused layer serves it) and the meta says so."""
+    """--fused-decode and --ffn-group-size reach the runtime (head_dim 32 here: the fused layer serves it) and
+    the records say so."""
     rows = run_e2e_bench(
         str(tmp_path),
         shape=dict(TINY, hidden_size=128),
@@ -53,9 +54,12 @@ def test_e2e_bench_fused_decode_is_recorded(tmp_path):
         context=12,
         reps=1,
         fused_decode=True,
+        ffn_group_size=32,
     )
     assert len(rows) == 2 and all(r["tpot_ms"] > 0 for r in rows)
-    assert json.loads((tmp_path / "e2e-h200.meta.json").read_text())["fused_decode"] is True
+    meta = json.loads((tmp_path / "e2e-h200.meta.json").read_text())
+    assert meta["fused_decode"] is True and meta["ffn_group_size"] == 32
+    assert [r["ffn_group_size"] for r in rows if r["variant"] == "wide"] == [32]
 
 
 def test_e2e_bench_records_and_warns_a_limited_autotune(tmp_path, monkeypatch):

@@ -253,10 +253,11 @@ def run_e2e_bench(
     reps: int = 10,
     compile: bool = False,
     fused_decode: bool | None = None,
+    ffn_group_size: int = 128,
 ) -> list[dict]:
     """Records (dense and WIDE per sparsity and batch) with ttft_ms, tpot_ms and speed-ups over dense;
     fused_decode: ``WideRuntime``'s flag, dense and WIDE alike (None: its default); each record says whether
-    its decode ran fused."""
+    its decode ran fused. ffn_group_size: the routers' FFN channels per decision (G_ffn), in every record."""
     shape = shape or LLAMA_8B
     warn_if_autotune_limited("wide bench e2e")
     if quick:
@@ -266,7 +267,7 @@ def run_e2e_bench(
     rows: list[dict] = []
     t0 = time.time()
     for b in batches:
-        wm = WideModel(model, WideConfig(ffn_group_size=128))
+        wm = WideModel(model, WideConfig(ffn_group_size=ffn_group_size))
         kw = dict(batch=b, prompt=prompt, context=context, device=device, reps=reps, graph=True, compile=compile)
         kw["fused_decode"] = fused_decode
         dense = measure(wm, False, **kw)
@@ -291,6 +292,7 @@ def run_e2e_bench(
                     "prompt": prompt,
                     "ctx": context,
                     "sparsity": s,
+                    "ffn_group_size": ffn_group_size,
                     "real_attn_sparsity": real["attn_sparsity"],
                     "real_ffn_sparsity": real["ffn_sparsity"],
                     **r,
@@ -310,6 +312,7 @@ def run_e2e_bench(
         "wall_s": time.time() - t0,
         "compiled": compile,
         "fused_decode": fused_decode,
+        "ffn_group_size": ffn_group_size,
         # 0: every config of each autotuned kernel is tried (what users get); N: only the first N
         "autotune_max": autotune_limit(),
     }
