@@ -119,19 +119,16 @@ _ROUTER_STRUCTURE = ("method", "attn_group_size", "ffn_group_size", "router_rank
 
 def _router_shape(a: argparse.Namespace) -> dict:
     """--attn-group-size, --ffn-group-size, --router-rank as given; a flag left out takes the --init-routers
-    checkpoint's value when there is one (a warm start must match it), else its default (Hq/Hk, 128, 32)."""
-    given = {"attn_group_size": a.attn_group_size, "ffn_group_size": a.ffn_group_size, "router_rank": a.router_rank}
-    from wide.model.checkpoint import has_adapter
+    checkpoint's value when there is one (a warm start must match it), else WideConfig's default."""
+    from wide.config import WideConfig
+    from wide.model.checkpoint import check_checkpoint, has_adapter
 
+    given = {"attn_group_size": a.attn_group_size, "ffn_group_size": a.ffn_group_size, "router_rank": a.router_rank}
+    base = WideConfig()
     # a stage-2 checkpoint is refused in one line by _check_init_routers, not read here
     if a.init_routers and None in given.values() and not has_adapter(a.init_routers):
-        from wide.config import WideConfig
-        from wide.model.checkpoint import check_checkpoint
-
-        saved = WideConfig.from_dict(check_checkpoint(a.init_routers)["config"])
-        return {k: getattr(saved, k) if v is None else v for k, v in given.items()}
-    defaults = {"ffn_group_size": 128, "router_rank": 32}
-    return {k: defaults.get(k) if v is None else v for k, v in given.items()}
+        base = WideConfig.from_dict(check_checkpoint(a.init_routers)["config"])
+    return {k: getattr(base, k) if v is None else v for k, v in given.items()}
 
 
 def _check_init_routers(ckpt: str, cfg) -> None:
