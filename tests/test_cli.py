@@ -106,7 +106,19 @@ def test_calibrate_init_routers_warm_starts(tiny_dir, text_file, tmp_path, capsy
     assert all(torch.allclose(weights(bare)[k], w1[k], atol=1e-2) for k in w1)
     saved = json.loads((bare / "wide_config.json").read_text())["config"]
     assert (saved["ffn_group_size"], saved["router_rank"]) == (16, 8)
+    # narrower FFN groups: each of the checkpoint's groups split, the same decisions to start from
+    coarse, split = tmp_path / "coarse", tmp_path / "split"
+    assert calibrate_tiny(tiny_dir, text_file, coarse, "--ffn-group-size", 32, "--lr", 0.05, steps=3) == 0
+    assert cli(*args, "--init-routers", coarse, "--ffn-group-size", 16, "--lr", 1e-12, "--out", split) == 0
+    assert json.loads((split / "wide_config.json").read_text())["config"]["ffn_group_size"] == 16
+    got = weights(split)
+    for k, v in weights(coarse).items():
+        if ".ffn.up." in k:  # [2 N_G(, r)] -> [4 N_G(, r)]: each (execute, skip) row pair twice
+            v = v.view(-1, 2, *v.shape[1:]).repeat_interleave(2, dim=0).reshape(-1, *v.shape[1:])
+        assert torch.allclose(got[k], v, atol=1e-6), k
     capsys.readouterr()
+    assert cli(*args, "--init-routers", s1, "--ffn-group-size", 32, "--out", tmp_path / "coarser") == 2
+    assert "a divisor of it splits its groups" in capsys.readouterr().err
     assert cli(*args, "--out", tmp_path / "fresh-default") == 0  # without --init-routers: the defaults
     assert json.loads((tmp_path / "fresh-default" / "wide_config.json").read_text())["config"]["ffn_group_size"] == 128
     capsys.readouterr()

@@ -40,6 +40,10 @@
 #   SPEC="scripts/device/quality-long-g32.json scripts/device/quality-g32-warm-distill.json": those rows' routers
 #     1,500 distilled steps more, 50% then 25% (the 50% one is shipped as smollm2-135m-s50; a fresh machine has no
 #     wide-50-long-g32, so run the 25% pair with QUALITY_EXTRA="--only wide-25-long-g32,wide-25-long-g32-warm-kllm")
+#   SPEC=scripts/device/quality-g32-split.json: 32-channel FFN routers warm-started from trained 128-channel ones (each
+#     coarse group split four ways, `wide calibrate --init-routers R --ffn-group-size 32`), distilled: the shipped 25%
+#     routers + 2,500 steps, then the G 128 50% routers shipped until d52880f + 1,500 (against the G 32 row trained
+#     from scratch, wide-50-long-g32-warm-kllm, at the same 1,500 warm steps)
 #   SPEC=scripts/device/quality-router-source.json: WIDE with the FFN router reading the layer input (the
 #     ffn_router_source lever of docs/kernels.md's open problems), 25% and 50%, against wide-25 / wide-50
 #   SPEC=scripts/device/quality-lora-baselines.json: layer skipping + LoRA (stage 1 trained again) and static width

@@ -132,7 +132,8 @@ def _router_shape(a: argparse.Namespace) -> dict:
 
 
 def _check_init_routers(ckpt: str, cfg) -> None:
-    """--init-routers CKPT: a stage-1 checkpoint of this run's trained method and router shapes."""
+    """--init-routers CKPT: a stage-1 checkpoint of this run's trained method and router shapes (its FFN group
+    size may also be a multiple of this run's: its groups are then split, `split_router_groups`)."""
     from wide.baselines import TRAINING_FREE
     from wide.config import WideConfig
     from wide.model.checkpoint import check_checkpoint, has_adapter
@@ -144,15 +145,19 @@ def _check_init_routers(ckpt: str, cfg) -> None:
     saved = WideConfig.from_dict(check_checkpoint(ckpt)["config"])
     for k in _ROUTER_STRUCTURE:
         theirs, ours = getattr(saved, k), getattr(cfg, k)
+        if k == "ffn_group_size" and theirs % ours == 0:  # narrower groups: the coarse ones split (cmd_calibrate)
+            continue
         if theirs != ours:
             flag = "--" + k.replace("_", "-")
-            raise ValueError(f"--init-routers {ckpt}: its {k} is {theirs!r}, this run's {flag} is {ours!r}")
+            hint = " (a divisor of it splits its groups)" if k == "ffn_group_size" else ""
+            raise ValueError(f"--init-routers {ckpt}: its {k} is {theirs!r}, this run's {flag} is {ours!r}{hint}")
 
 
 def cmd_calibrate(a: argparse.Namespace) -> int:
     from wide.baselines import TRAINING_FREE, build, calibrate_training_free, load
     from wide.config import WideConfig
     from wide.model import load_model, resolve_model_id
+    from wide.routing import split_router_groups
     from wide.train.calibrate import calibrate, check_out_dir, seed_everything
 
     method = _method(a)
@@ -188,6 +193,8 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     if a.init_routers:  # warm start: the checkpoint's router tensors (skip offsets included) after its checks
         plain = load(model, a.init_routers)  # dimensions, base model, tensor names and shapes
         start = plain.routers.state_dict()
+        if plain.config.ffn_group_size != cfg.ffn_group_size:  # a divisor of it (_check_init_routers)
+            start = split_router_groups(start, "ffn", plain.config.ffn_group_size // cfg.ffn_group_size)
         plain.detach()
     seed_everything(cfg.seed)  # the routers' initialisation draws from the global generator
     wm = build(model, cfg)  # unsupported architectures and bad group sizes fail here, before data
@@ -627,8 +634,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--init-routers",
         type=_routers,
-        help="warm start from a stage-1 checkpoint's routers (same method, group sizes and rank); the target, "
-        "objective, schedule and router input are this run's: " + ROUTERS_HELP,
+        help="warm start from a stage-1 checkpoint's routers (same method, attention groups and rank; FFN groups "
+        "the same or a divisor of its, each of its groups split); the target, objective, schedule and router input "
+        "are this run's: " + ROUTERS_HELP,
     )
     c.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     c.add_argument("--overwrite", action="store_true", help=_OVERWRITE_HELP)

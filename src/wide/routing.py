@@ -78,6 +78,22 @@ class Router(nn.Module):
         raise ValueError(f"router mode must be 'gumbel' or 'argmax', got {mode!r}")
 
 
+def split_router_groups(state: dict[str, torch.Tensor], kind: str, factor: int) -> dict[str, torch.Tensor]:
+    """A routers' state dict (``LayerRouters`` keys, ``"{layer}.{kind}.up.weight"`` ...) with every ``kind``
+    router's groups split ``factor`` ways: new group ``g * factor + i`` takes coarse group ``g``'s two output
+    rows. Groups are contiguous channel ranges, so each narrower group lies inside its coarse group, and the
+    split routers take the coarse routers' decisions, expanded to the narrower groups, until training moves
+    them apart (a warm start for a smaller group size: ``wide calibrate --init-routers``)."""
+    if factor < 1:
+        raise ValueError(f"split factor must be >= 1, got {factor}")
+    out = dict(state)
+    for key, v in state.items():
+        if key.endswith((f".{kind}.up.weight", f".{kind}.up.bias")):
+            rows = v.view(-1, 2, *v.shape[1:])  # [N_G, 2(, r)]: the execute / skip rows of each group
+            out[key] = rows.repeat_interleave(factor, dim=0).reshape(-1, *v.shape[1:]).contiguous()
+    return out
+
+
 def hard_gumbel_execute(margin: torch.Tensor, tau: float | torch.Tensor) -> torch.Tensor:
     """Hard two-class Gumbel-Softmax on skip margins, with a straight-through gradient.
 

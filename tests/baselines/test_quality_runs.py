@@ -219,6 +219,12 @@ def test_spec_checks_order_and_device_spec():
         ref = g32_by_target[s.target]
         assert s.init_from == ref.key and s.ffn_group_size == 32 and (s.distill, s.lora_steps) == ("kl+lm", 0)
         assert (s.steps, s.batch_size) == (1500, ref.batch_size)
+    # 32-channel routers warm-started from the 128-channel rows that were shipped (their groups split)
+    split = qr.load_specs([ROOT / "scripts" / "device" / "quality-g32-split.json"])
+    qr.check_specs(specs + sweep + long + skip_lora + base_lora + source + long_kd + warm + warm3 + g32 + split)
+    assert [(s.target, s.init_from) for s in split] == [(0.25, warm[1].key), (0.5, warm[3].key)]
+    assert all(s.ffn_group_size == 32 and (s.distill, s.lora_steps) == ("kl+lm", 0) for s in split)
+    assert split[1].steps == g32_warm[0].steps  # the 50% row against the G 32 row from scratch, same warm steps
     compiled = qr.parse_args(["--spec", "x.json", "--out", "q.json", "--compile"])
     assert "--compile" in qr.finetune_args(long[-1], compiled, Path("s1"), Path("out"))  # LoRA stages compile too
     assert "--compile" not in qr.finetune_args(long[-1], a, Path("s1"), Path("out"))

@@ -12,7 +12,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from tests.conftest import tiny_model
 from wide.config import WideConfig
 from wide.model import WideModel
-from wide.routing import Router, fit_skip_bias, hard_gumbel_execute, sparsity_loss
+from wide.routing import Router, fit_skip_bias, hard_gumbel_execute, sparsity_loss, split_router_groups
 
 
 def test_router_shapes_and_modes():
@@ -30,6 +30,24 @@ def test_router_initial_skip_rate_follows_init():
     r = Router(d_in=16, n_groups=4, rank=4, init_skip=0.25)
     p = torch.sigmoid(r.skip_margin(torch.zeros(1, 16)))  # the two-class softmax's P(skip)
     assert torch.allclose(p, torch.full_like(p, 0.25), atol=1e-5)
+
+
+def test_split_groups_keep_the_coarse_decisions():
+    """Each coarse group split k ways: every narrower group's margin is its coarse group's, on any input."""
+    coarse, fine = Router(d_in=16, n_groups=3, rank=4), Router(d_in=16, n_groups=12, rank=4)
+    with torch.no_grad():
+        coarse.up.weight.normal_()
+        coarse.up.bias.normal_()
+        coarse.skip_bias.fill_(0.3)
+    state = {f"2.ffn.{k}": v for k, v in coarse.state_dict().items()}
+    split = split_router_groups(state, "ffn", 4)
+    assert split["2.ffn.down.weight"] is state["2.ffn.down.weight"]  # only the output rows change
+    fine.load_state_dict({k.removeprefix("2.ffn."): v for k, v in split.items()})
+    x = torch.randn(5, 16)
+    assert torch.equal(fine.skip_margin(x), coarse.skip_margin(x).repeat_interleave(4, dim=-1))
+    assert split_router_groups(state, "attn", 4) == state  # another kind's routers: untouched
+    with pytest.raises(ValueError, match="factor"):
+        split_router_groups(state, "ffn", 0)
 
 
 def test_router_stays_fp32_under_bf16_input():
