@@ -150,6 +150,8 @@ def _write(out: str, rows: list[dict], meta: dict) -> None:
         if "measured_attn_union_run" in r:
             run = f"{r['measured_attn_union_run']:.2f} / {r['measured_ffn_union_run']:.2f}"
         variant = r["variant"] + (" (FFN router on the layer input)" if r.get("ffn_router_source") == "layer" else "")
+        if len(meta.get("ffn_group_sizes", [])) > 1 and r.get("ffn_group_size"):
+            variant += f", G {r['ffn_group_size']}"
         lines.append(
             f"| {variant} | {r.get('fused', '')} | {r['B']} | {f(r.get('sparsity'), 2)} | {run} "
             f"| {f(r.get('tpot_ms'))} | {f(r.get('tpot_speedup'))} | {f(r.get('tpot_speedup_vs_dense_fused'))} "
@@ -187,7 +189,9 @@ def main() -> None:
         "--eager-unfused", action="store_true", help="unfused variants without torch.compile (default: compiled)"
     )
     ap.add_argument(
-        "--ffn-group-size", type=int, help="the WIDE rows' FFN channels per decision, G_ffn (default 128; --smoke: 32)"
+        "--ffn-group-sizes",
+        default="",
+        help="WIDE rows per FFN group size G_ffn, comma-separated (default 128; --smoke: 32)",
     )
     ap.add_argument("--smoke", action="store_true", help="tiny model (CPU interpreter / quick GPU check)")
     ap.add_argument("--fused-only", action="store_true", help="only the fused step (no unfused baselines)")
@@ -221,6 +225,8 @@ def run_all(args: argparse.Namespace, tune: dict[str, int]) -> None:
         levels.append((a_rate, f_rate))
     sources = args.ffn_router_sources.split(",")
     levels = [(a, f, src) for a, f in levels for src in sources]
+    sizes = [int(g) for g in args.ffn_group_sizes.split(",")] if args.ffn_group_sizes else [32 if args.smoke else 128]
+    meta["ffn_group_sizes"] = sizes
     rows: list[dict] = []
 
     def left() -> float:
@@ -248,9 +254,7 @@ def run_all(args: argparse.Namespace, tune: dict[str, int]) -> None:
         return not fused and str(dev).startswith("cuda") and not args.eager_unfused
 
     model = build_model(shape, dev, dtype)
-    g_ffn = args.ffn_group_size or (32 if args.smoke else 128)
-    meta["ffn_group_size"] = g_ffn
-    wm = WideModel(model, WideConfig(ffn_group_size=g_ffn))
+    wm = WideModel(model, WideConfig(ffn_group_size=sizes[0]))  # the dense rows do not route: any G
     probe = torch.randint(0, shape["vocab_size"], (1, 512 if not args.smoke else 32), device=dev)
     modes = (True,) if args.fused_only else (False, True)
     dense = {}
@@ -261,21 +265,24 @@ def run_all(args: argparse.Namespace, tune: dict[str, int]) -> None:
                 lambda b=b, fused=fused: measure(wm, False, fused, b, args.ctx, args.reps, compile=comp(fused)),
             )
             dense[(b, fused)] = r.get("tpot_ms")
-    for a_rate, f_rate, src in levels:
+    for g, (a_rate, f_rate, src) in ((g, lv) for g in sizes for lv in levels):
+        if g != wm.config.ffn_group_size:  # another G: new routers on the same weights
+            wm.detach()
+            wm = WideModel(model, WideConfig(ffn_group_size=g))
         s = a_rate if a_rate == f_rate else f"attn {a_rate} / ffn {f_rate}"
         wm.config.ffn_router_source = src  # read where routers are fitted and where a runtime is built
         try:
             routers_at(wm, a_rate, f_rate, probe)
         except Exception as exc:  # noqa: BLE001
             rows.append({"kind": "tpot", "variant": "wide", "sparsity": s, "B": None, "ffn_router_source": src,
-                         "error": f"routers: {exc}"})  # fmt: skip
+                         "ffn_group_size": g, "error": f"routers: {exc}"})  # fmt: skip
             continue
         for b in batches:
             for fused in modes:
-                rec = {"kind": "tpot", "variant": "wide", "fused": fused, "B": b, "sparsity": s}
+                rec = {"kind": "tpot", "variant": "wide", "fused": fused, "B": b, "sparsity": s, "ffn_group_size": g}
                 r = run(
                     {**rec, "compiled": comp(fused), "ffn_router_source": src},
-                    lambda b=b, fused=fused, h=(a_rate, f_rate): measure(
+                    lambda b=b, fused=fused, h=(a_rate, f_rate), wm=wm: measure(
                         wm, True, fused, b, args.ctx, args.reps, h, compile=comp(fused)
                     ),
                 )
@@ -287,7 +294,8 @@ def run_all(args: argparse.Namespace, tune: dict[str, int]) -> None:
                         r[key] = ref / r["tpot_ms"]
         for b in batches:  # unfused WIDE takes the same decisions: its bytes are the fused step's
             recs = {r["fused"]: r for r in rows if r.get("kind") == "tpot" and r["variant"] == "wide"
-                    and r.get("B") == b and r.get("sparsity") == s and r.get("ffn_router_source") == src}  # fmt: skip
+                    and r.get("B") == b and r.get("sparsity") == s and r.get("ffn_router_source") == src
+                    and r.get("ffn_group_size") == g}  # fmt: skip
             uf, fu = recs.get(False), recs.get(True)
             if uf and fu and uf.get("tpot_ms") and fu.get("bytes_read"):
                 uf["bytes_read"] = fu["bytes_read"]
@@ -298,8 +306,15 @@ def run_all(args: argparse.Namespace, tune: dict[str, int]) -> None:
         if s == 0.5:
             for b in (1,):
                 run(
-                    {"kind": "correctness", "variant": "wide", "B": b, "sparsity": s, "ffn_router_source": src},
-                    lambda b=b: correctness(wm, True, b),
+                    {
+                        "kind": "correctness",
+                        "variant": "wide",
+                        "B": b,
+                        "sparsity": s,
+                        "ffn_router_source": src,
+                        "ffn_group_size": g,
+                    },
+                    lambda b=b, wm=wm: correctness(wm, True, b),
                 )
     run({"kind": "correctness", "variant": "dense", "B": 1, "sparsity": 0.0}, lambda: correctness(wm, False, 1))
     for b in batches:  # dense speed-ups of the fused dense rows

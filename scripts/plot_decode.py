@@ -13,8 +13,8 @@ from pathlib import Path
 
 
 def series(records: list[dict]) -> tuple[dict[tuple, list[tuple[float, float]]], dict[tuple, float]]:
-    """({(fused, B, FFN router source): [(sparsity, TPOT ms)] sorted}, {(fused, B): dense TPOT ms}); rows at
-    one shared sparsity level only (per-kind rows and failed rows left out)."""
+    """({(fused, B, FFN router source, FFN group size): [(sparsity, TPOT ms)] sorted}, {(fused, B): dense TPOT
+    ms}); rows at one shared sparsity level only (per-kind rows and failed rows left out)."""
     lines: dict[tuple, list[tuple[float, float]]] = {}
     dense: dict[tuple, float] = {}
     for r in records:
@@ -24,7 +24,7 @@ def series(records: list[dict]) -> tuple[dict[tuple, list[tuple[float, float]]],
         if r["variant"] == "dense":
             dense[key] = r["tpot_ms"]
         elif r["variant"] == "wide":
-            line = (*key, r.get("ffn_router_source", "block"))
+            line = (*key, r.get("ffn_router_source", "block"), r.get("ffn_group_size", 128))
             lines.setdefault(line, []).append((float(r["sparsity"]), r["tpot_ms"]))
     return {k: sorted(v) for k, v in sorted(lines.items())}, dense
 
@@ -46,14 +46,17 @@ def main(argv: list[str] | None = None) -> int:
 
     batches = sorted({k[1] for k in lines})
     sources = sorted({k[2] for k in lines})  # "block" before "layer"
+    sizes = sorted({k[3] for k in lines}, reverse=True)  # 128 first: the record's default
     fig, axes = plt.subplots(1, len(batches), figsize=(5 * len(batches), 3.8), squeeze=False)
     for ax, b in zip(axes[0], batches, strict=True):
         for fused, colour in ((False, "tab:gray"), (True, "tab:blue")):
             name = "fused" if fused else "unfused (compiled)"
-            for source, style in zip(sources, ("o-", "s--"), strict=False):
-                pts = lines.get((fused, b, source))
+            styles = ("o-", "s--", "^-.", "D:")
+            for (source, g), style in zip(((s, g) for g in sizes for s in sources), styles, strict=False):
+                pts = lines.get((fused, b, source, g))
                 if pts:
                     label = f"WIDE, {name}" + (f", FFN router on the {source} input" if len(sources) > 1 else "")
+                    label += f", G {g}" if len(sizes) > 1 else ""
                     ax.plot([p[0] * 100 for p in pts], [p[1] for p in pts], style, color=colour, label=label)
             if (fused, b) in dense:
                 ax.axhline(dense[(fused, b)], color=colour, ls=":", lw=1, label=f"dense, {name}")
