@@ -224,9 +224,9 @@ def run_all(args: argparse.Namespace, tune: dict[str, int]) -> None:
         a_rate, f_rate = (float(v) for v in args.kind_rates.split(":"))
         levels.append((a_rate, f_rate))
     sources = args.ffn_router_sources.split(",")
-    levels = [(a, f, src) for a, f in levels for src in sources]
     sizes = [int(g) for g in args.ffn_group_sizes.split(",")] if args.ffn_group_sizes else [32 if args.smoke else 128]
     meta["ffn_group_sizes"] = sizes
+    levels = [(g, a, f, src) for g in sizes for a, f in levels for src in sources]
     rows: list[dict] = []
 
     def left() -> float:
@@ -265,7 +265,7 @@ def run_all(args: argparse.Namespace, tune: dict[str, int]) -> None:
                 lambda b=b, fused=fused: measure(wm, False, fused, b, args.ctx, args.reps, compile=comp(fused)),
             )
             dense[(b, fused)] = r.get("tpot_ms")
-    for g, (a_rate, f_rate, src) in ((g, lv) for g in sizes for lv in levels):
+    for g, a_rate, f_rate, src in levels:
         if g != wm.config.ffn_group_size:  # another G: new routers on the same weights
             wm.detach()
             wm = WideModel(model, WideConfig(ffn_group_size=g))

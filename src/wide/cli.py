@@ -145,11 +145,14 @@ def _check_init_routers(ckpt: str, cfg) -> None:
     saved = WideConfig.from_dict(check_checkpoint(ckpt)["config"])
     for k in _ROUTER_STRUCTURE:
         theirs, ours = getattr(saved, k), getattr(cfg, k)
-        if k == "ffn_group_size" and theirs % ours == 0:  # narrower groups: the coarse ones split (cmd_calibrate)
+        # WIDE's FFN routers decide per channel group: narrower groups split the coarse ones (cmd_calibrate);
+        # module and layer skipping have one decision per block whatever the group size
+        splittable = k == "ffn_group_size" and cfg.method == "wide"
+        if splittable and theirs % ours == 0:
             continue
         if theirs != ours:
             flag = "--" + k.replace("_", "-")
-            hint = " (a divisor of it splits its groups)" if k == "ffn_group_size" else ""
+            hint = " (a divisor of it splits its groups)" if splittable else ""
             raise ValueError(f"--init-routers {ckpt}: its {k} is {theirs!r}, this run's {flag} is {ours!r}{hint}")
 
 
