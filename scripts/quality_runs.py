@@ -270,6 +270,8 @@ def make_record(
     tasks = {t: v["score"] for t, v in row.get("tasks", {}).items()}
     # a stage's own wall time (summed over resumed calls), else the time of the call that ran it
     wall = sum(summary.get("wall_time_s") or call_s for summary, _, call_s in stages)
+    # stages run oldest first: the last one is this row's own, a warm start's may have run on other machines
+    devices = [s[0].get("gpu") or s[0].get("device") for s in stages if s[0]]
     return _identity(spec) | {
         "attn_target": spec.attn_target,
         "ffn_target": spec.ffn_target,
@@ -294,7 +296,8 @@ def make_record(
         "eval_path": row.get("path"),  # "runtime" (the served kernels) or "masked" (the reference path)
         "commands": [s[1] for s in stages],
         "checkpoint": str(ckpt) if ckpt else None,
-        "device": next((s[0].get("gpu") or s[0].get("device") for s in stages if s[0]), None),
+        "device": devices[-1] if devices else None,
+        **({"stage_devices": devices} if len(set(devices)) > 1 else {}),
         "status": "done",
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

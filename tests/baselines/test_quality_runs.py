@@ -88,7 +88,10 @@ def test_spec_file_and_record(tmp_path):
     stub = qr.stub_record(spec, qr.parse_args(["--out", "x"]), "failed", "boom", None)
     row_with_path = {**row, "path": "runtime"}
     full = qr.make_record(spec, row_with_path, stages, 1.0, tmp_path, jobs=1, eval_limit=None)
-    assert full["eval_path"] == "runtime"
+    assert full["eval_path"] == "runtime" and "stage_devices" not in full
+    warm = [({"tokens": 9, "gpu": "H200"}, "wide calibrate (init)", 0.0), ({"tokens": 5, "gpu": "H100"}, "c", 0.0)]
+    rec = qr.make_record(qr.RunSpec("wide", steps=5), row, warm, 1.0, tmp_path, jobs=1, eval_limit=None)
+    assert rec["device"] == "H100" and rec["stage_devices"] == ["H200", "H100"]  # the row's own stage names it
     for r in (stub, full):  # a row is named alike whether it finished or not
         assert r["stage1_from"] == "w" and r["extra_args"] == ["--x"] and r["match_flops"] is None
 

@@ -185,6 +185,19 @@ def test_router_on_the_kernels_h_is_router_decisions(kernel_device):
     assert torch.equal(m.cpu(), router_decisions(h.cpu(), wdn, wm, bm))
 
 
+def test_down_step_rule():
+    """Groups narrower than the step share it only where every K split starts on a step."""
+    assert FD.down_step(128, 112, 4, 256, 0) == (128, 1)  # the rule: one group a step
+    assert FD.down_step(32, 448, 4, 256, 0) == (32, 1)
+    assert FD.down_step(128, 112, 4, 256, 128) == (128, 1)  # 8B, G 128: already a 128-column step
+    assert FD.down_step(32, 448, 4, 256, 128) == (32, 4)  # 8B, G 32: splits start at groups 0 / 112 / 224 / 336
+    assert FD.down_step(32, 448, 4, 256, 256) == (32, 8)
+    assert FD.down_step(32, 5, 4, 128, 128) == (32, 1)  # splits start at groups 1, 2, 3
+    assert FD.down_step(32, 5, 2, 64, 64) == (32, 2)  # splits start at groups 0, 2
+    assert FD.down_step(48, 300, 4, 256, 128) == (16, 1)  # a step inside a group
+    assert FD.down_step(256, 56, 4, 128, 128) == (128, 1)
+
+
 def test_rejects_bad_input():
     x = torch.randn(17, 8)
     with pytest.raises(ValueError, match="1 <= B <= 16"):
@@ -203,9 +216,10 @@ def test_rejects_bad_input():
 @pytest.mark.gpu
 @pytest.mark.parametrize("b", [1, 3, 16])
 @pytest.mark.parametrize("mode", ["all", "random", "none"])
-def test_ffn_bf16_rule_on_gpu(b, mode):
+@pytest.mark.parametrize(("g", "span"), [(128, None), (32, None), (32, 128)])  # 128: four groups a down step
+def test_ffn_bf16_rule_on_gpu(b, mode, g, span):
     torch.manual_seed(b)
-    dm, df, g = 4096, 14336, 128
+    dm, df = 4096, 14336
     dev = "cuda"
     h, x = torch.randn(b, dm, device=dev), torch.randn(b, dm, device=dev)
     ws = [torch.randn(df, dm, device=dev) / dm**0.5 for _ in range(2)] + [torch.randn(dm, df, device=dev) / df**0.5]
@@ -214,7 +228,8 @@ def test_ffn_bf16_rule_on_gpu(b, mode):
     ref32 = FD.ffn_residual_norm_ref(h, *ws, mask, x, nw, 1e-5)[0]
     lp = [t.bfloat16() for t in (h, *ws)]
     ref_lp = FD.ffn_residual_norm_ref(*lp, mask, x.bfloat16(), nw.bfloat16(), 1e-5)[0]
-    out = FD.ffn_residual_norm(*lp, mask, x.bfloat16(), nw.bfloat16(), 1e-5, g)[0]
+    with FD.launch_overrides(down_span=span):
+        out = FD.ffn_residual_norm(*lp, mask, x.bfloat16(), nw.bfloat16(), 1e-5, g)[0]
     assert_close_to_ref(out, ref32, ref_lp)
 
 
@@ -332,7 +347,9 @@ def test_compacted_k_loops_read_the_same_bits(kernel_device, mode, b):
     wg[off], wu[off], wd[:, off] = float("nan"), float("nan"), float("nan")
     args = _to(kernel_device, h, wg, wu, wd, mask, x, nw)
     xr, hr = FD.ffn_residual_norm_ref(h, wg.nan_to_num(), wu.nan_to_num(), wd.nan_to_num(), mask, x, nw, 1e-5)
-    for shapes in ({}, {"ffn_splits": 2}, {"down_block_k": 16, "down_stages": 2}):
+    # down_span: two groups a down step (2 splits), four (1 split: the last step past the last group)
+    for shapes in ({}, {"ffn_splits": 2}, {"down_block_k": 16, "down_stages": 2}, {"ffn_splits": 2, "down_span": 64},
+                   {"ffn_splits": 1, "down_span": 128}):  # fmt: skip
         with FD.launch_overrides(compact_k=0, **shapes):
             base = FD.ffn_residual_norm(*args, 1e-5, g)
         with FD.launch_overrides(**shapes):  # the rule: compacted
@@ -379,8 +396,9 @@ def test_launch_overrides_are_checked_and_scoped():
         FD.launch_overrides(ffn_split=2).__enter__()
     with pytest.raises(ValueError, match="power of two"):
         FD.launch_overrides(o_splits=3).__enter__()
-    with pytest.raises(ValueError, match="power of two"):
-        FD.launch_overrides(attn_block_n=48).__enter__()
+    for k in ("attn_block_n", "down_span"):
+        with pytest.raises(ValueError, match="power of two"):
+            FD.launch_overrides(**{k: 48}).__enter__()
     for k in ("block_k", "down_block_k"):  # a GPU tensor-core dot needs K >= 16; the interpreter does not
         with pytest.raises(ValueError, match="at least 16"):
             FD.launch_overrides(**{k: 8}).__enter__()

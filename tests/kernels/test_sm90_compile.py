@@ -33,15 +33,17 @@ FFN_ARGS = [BF] * 5 + [U8] + [BF] * 5 + [F32, F32, I32, I32] + ["i32"] * 5 + ["f
 O_CONST = dict(KS=2, HAS_BIAS=False, BM=16, BLOCK_N=64, BLOCK_K=128, T_P=64, RB=2, NB=4096, PREC="tf32", PDL=False,
                NS_P=32)
 FFN_CONST = dict(KS=4, CPG=4, CH=32, HAS_BIAS=True, BM=16, BLOCK_K=256, BLOCK_N=64, BLOCK_KD=128, T_P=64, RB=2,
-                 NB=4096, PREC="tf32", PDL=False, NS_P=32)
+                 NB=4096, PREC="tf32", PDL=False, NS_P=32, SUB=1)
 # (routed, compacted, the down loop's own stages (None: the kernel's), constants that differ); "down-rule": O's
 # kernel on an 8B down projection at its shape rule (32 columns x 2 splits; K step 256 dense, the group's 128 routed)
 O_VARIANTS = [(False, False, None, {}), (True, False, None, {}), (True, True, None, {}),
               (True, False, None, {"num_stages": 5}), (True, True, None, {"num_stages": 5}),
               (True, True, None, {"num_stages": 7})]
 DOWN_VARIANTS = [(False, False, None, dict(BLOCK_N=32, BLOCK_K=256)), (True, False, None, dict(BLOCK_N=32))]
+# + 32-channel groups, four a down step (launch_overrides(down_span=128) at 8B shapes)
 FFN_VARIANTS = [(False, False, None, {}), (True, False, None, {}), (True, True, None, {}), (True, True, 3, {}),
-                (True, False, 3, {})]
+                (True, False, 3, {}), (True, True, None, {"BLOCK_KD": 32, "SUB": 4}),
+                (True, False, None, {"BLOCK_KD": 32, "SUB": 4})]
 # as a launch specialises them: 16-byte aligned pointers, widths and strides that are multiples of 16
 DIV = {"D", "K", "G", "K_CHUNK", "DF", "s_kb", "s_ks", "s_kh", "s_vb", "s_vs", "s_vh"}
 
@@ -68,7 +70,7 @@ for name, fn, args, const, variants in (("o", FD._o_kernel, O_ARGS, O_CONST, O_V
         extra = dict(extra)
         stages = extra.pop("num_stages", 3)
         c = dict(const, **extra, ROUTED=routed, COMPACT=compact, **({"DSTAGES": dstages} if name == "ffn" else {}))
-        build(name, fn, args, c, stages, routed=routed, compact=compact, dstages=dstages)
+        build(name, fn, args, c, stages, routed=routed, compact=compact, dstages=dstages, sub=c.get("SUB", 1))
 # the rest of the layer at Llama-3.1-8B shapes: QKV (dense; routed; routed + bias + Qwen3 q/k norm), attention, norm
 QKV_ARGS = [BF] * 3 + [U8, F32, F32, BF, BF, "*i64", BF, BF, BF, F32, I32] + ["i32"] * 3 + ["fp32"] + ["i32"] * 6
 QKV_CONST = dict(KS=2, HQ=32, HK=8, HEAD_D=128, BM=16, BLOCK_K=256, PREC="tf32", PDL=False)
@@ -95,11 +97,16 @@ def test_fused_decode_kernels_compile_for_sm90():
     recs = json.loads(res.stdout.strip().splitlines()[-1])
     for r in recs:  # pytest -s shows them: shared memory a program, asynchronous copies, PTX size per variant
         print(json.dumps(r))
-    assert len(recs) == 18  # O: dense, predicated, compacted at 3 stages + 3 deeper; down-rule: 2; the FFN: 5; + 5
+    assert len(recs) == 20  # O: dense, predicated, compacted at 3 stages + 3 deeper; down-rule: 2; the FFN: 7; + 5
     for r in recs:
         assert r["ptx_lines"] > 100 and (r["mma"] or r["kernel"] == "norm"), r  # tensor-core dots, a real kernel
         assert 0 < r["shared"] <= 227 * 1024, r  # fits one SM's shared memory
-    by = {(r["kernel"], r["routed"], r["compact"], r["dstages"]): r for r in recs if r["stages"] == 3}
+    by = {
+        (r["kernel"], r["routed"], r["compact"], r["dstages"]): r
+        for r in recs
+        if r["stages"] == 3 and r.get("sub", 1) == 1
+    }
+    sub4 = {r["compact"]: r for r in recs if r.get("sub", 1) == 4}
     deep = {(r["compact"], r["stages"]): r["shared"] for r in recs if r["kernel"] == "o" and r["routed"]}
     # the compacted loop is different code from the predicated one (its list and barrier), not a no-op
     assert by["o", True, True, None]["ptx_lines"] != by["o", True, False, None]["ptx_lines"]
@@ -117,4 +124,9 @@ def test_fused_decode_kernels_compile_for_sm90():
     assert 2.9 < deep[True, 7] / deep[True, 3] < 3.1
     ffn = by["ffn", True, False, None]["cp_async"]
     assert all(by["ffn", True, c, s]["cp_async"] > 0.8 * ffn for c, s in ((True, None), (True, 3), (False, 3)))
+    # four 32-channel groups a step: its own loop code (four predicated sub-steps), still pipelined
+    assert all(
+        sub4[c]["cp_async"] > 0.8 * ffn and sub4[c]["ptx_lines"] != by["ffn", True, c, None]["ptx_lines"]
+        for c in (True, False)
+    )
     assert all(r["cp_async"] > 0 for r in recs if r["kernel"] in ("qkv", "attn"))  # their weight / KV loops too

@@ -70,10 +70,12 @@ class LaunchOverrides:
     (``launch_overrides``). block_k / num_warps / num_stages: the weight-streaming loops; qkv_slices: row
     slices per head; *_splits: K splits (powers of two); o_block_n / ffn_block_n: output columns per tile;
     ffn_chunk: channels per FFN producer; down_block_k / down_stages: K step and pipeline depth of the FFN's
-    down-projection loop alone (block_k and down_block_k >= 16, a tensor-core dot's K); compact_k: 1 (the rule)
-    the routed O and down loops visit only the K steps of groups some token runs (a list per program), 0 they
-    predicate the others off; norm_tile: elements per step of the norm tails; attn_splits: KV splits of decode
-    attention (any count), attn_block_n: keys per step (a power of two >= 16), attn_warps."""
+    down-projection loop alone (block_k and down_block_k >= 16, a tensor-core dot's K); down_span: columns a
+    down step gathers from whole groups narrower than it (the rule: one group a step, ``down_step``);
+    compact_k: 1 (the rule) the routed O and down loops visit only the K steps of groups some token runs (a
+    list per program), 0 they predicate the others off; norm_tile: elements per step of the norm tails;
+    attn_splits: KV splits of decode attention (any count), attn_block_n: keys per step (a power of two >= 16),
+    attn_warps."""
 
     block_k: int | None = None
     num_warps: int | None = None
@@ -86,6 +88,7 @@ class LaunchOverrides:
     ffn_chunk: int | None = None
     ffn_splits: int | None = None
     down_block_k: int | None = None
+    down_span: int | None = None
     down_stages: int | None = None
     compact_k: int | None = None
     norm_tile: int | None = None
@@ -100,7 +103,7 @@ class LaunchOverrides:
                 raise ValueError(f"launch override compact_k must be 0 or 1, got {v!r}")
             if f.name != "compact_k" and v is not None and (not isinstance(v, int) or v < 1):
                 raise ValueError(f"launch override {f.name} must be a positive int, got {v!r}")
-            pow2 = f.name.endswith("_splits") and f.name != "attn_splits" or f.name == "attn_block_n"
+            pow2 = f.name.endswith("_splits") and f.name != "attn_splits" or f.name in ("attn_block_n", "down_span")
             if v is not None and pow2 and v & (v - 1):
                 raise ValueError(f"launch override {f.name} must be a power of two, got {v}")
             if v is not None and f.name in ("block_k", "down_block_k") and v < 16:  # a tensor-core dot's K
@@ -253,37 +256,60 @@ if HAS_TRITON:
     @triton.jit
     def _routed_k_loop(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k_lo, k_hi, K, mask_ptr, B, NG, G, list_ptr,
                        ROUTED: tl.constexpr, BM: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr,
-                       CG: tl.constexpr, COMPACT: tl.constexpr, NS_P: tl.constexpr, STAGES: tl.constexpr):  # fmt: skip
+                       CG: tl.constexpr, COMPACT: tl.constexpr, NS_P: tl.constexpr, STAGES: tl.constexpr,
+                       SUB: tl.constexpr):  # fmt: skip
         """acc [BM, BLOCK_N] += a[:, k] W[n, k]^T for k in [k_lo, k_hi) (a: [B, K], W: [N, K], row-major),
-        reading no column of a group no token runs. BLOCK_K divides the group width G and k_lo is a multiple
-        of BLOCK_K, so a step lies in one group and its predicate is one scalar (the loads stay vectorised
-        and the loop pipelined). COMPACT (routed): the first columns of the steps whose group some token runs
-        go to this program's list (list_ptr, NS_P >= the range's step count) and the loop visits those only,
-        in K order; the skipped steps add exact zeros otherwise, so both loops give the same bits. STAGES: the
-        loop's own pipeline depth (None: the kernel's num_stages)."""
+        reading no column of a group no token runs. A step is SUB sub-steps of BLOCK_K columns; BLOCK_K divides
+        the group width G (SUB > 1: equals it) and k_lo is a multiple of the step, so a sub-step lies in one
+        group and its predicate is one scalar (the loads stay vectorised and the loop pipelined). COMPACT
+        (routed): the first columns of the steps where some token runs some group go to this program's list
+        (list_ptr, NS_P >= the range's step count; SUB > 1: plus, in the low bits, which of its groups run) and
+        the loop visits those only, in K order; the skipped (sub-)steps add exact zeros otherwise, so both loops
+        give the same bits. STAGES: the loop's own pipeline depth (None: the kernel's num_stages). Several
+        groups a step keep narrow groups' loop as short as wide ones' (docs/kernels.md#fused-decode-layer)."""
+        STEP: tl.constexpr = BLOCK_K * SUB
         if ROUTED and COMPACT:
             offs_s = tl.arange(0, NS_P)
-            k_s = k_lo + offs_s * BLOCK_K  # [NS_P] each step's first column
+            k_s = k_lo + offs_s * STEP  # [NS_P] each step's first column
             in_s = k_s < k_hi
-            run = tl.load(mask_ptr + offs_m[:, None] * NG + (k_s // G)[None, :], mask=in_m[:, None] & in_s[None, :],
-                          other=0)  # fmt: skip
-            used = (tl.max(run.to(tl.int32), 0) > 0) & in_s
+            bits = tl.zeros([NS_P], tl.int32)  # bit i: some token runs sub-step i's group
+            for i in tl.static_range(SUB):
+                k_i = k_s + i * BLOCK_K
+                run = tl.load(mask_ptr + offs_m[:, None] * NG + (k_i // G)[None, :],
+                              mask=in_m[:, None] & (k_i < k_hi)[None, :], other=0)  # fmt: skip
+                bits = bits | ((tl.max(run.to(tl.int32), 0) > 0).to(tl.int32) << i)
+            used = (bits > 0) & in_s
             slot = tl.where(used, tl.cumsum(used.to(tl.int32), 0) - 1, -1)  # [NS_P] rank among the used steps
-            tl.store(list_ptr + slot, k_s, mask=used)
+            entry = k_s
+            if SUB > 1:
+                entry = k_s + bits  # bits < 2**SUB <= STEP: the step's first column keeps them apart
+            tl.store(list_ptr + slot, entry, mask=used)
             tl.debug_barrier()  # the list, written by the program's threads, is read by all of them
             n_act = tl.sum(used.to(tl.int32), 0)
-            # a listed column is a multiple of BLOCK_K: said so, the compiler can prove the loads' alignment and
+            # a listed column is a multiple of the step: said so, the compiler can prove the loads' alignment and
             # software-pipeline the loop as it does the predicated one (docs/kernels.md#fused-decode-layer)
             for t in tl.range(0, n_act, num_stages=STAGES):
-                k0 = tl.multiple_of(tl.load(list_ptr + t), BLOCK_K)
-                acc = _k_step(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k0, k_hi, K, 0, False, BLOCK_K, PREC, CG)
+                e = tl.load(list_ptr + t)
+                if SUB == 1:
+                    k0 = tl.multiple_of(e, BLOCK_K)
+                    acc = _k_step(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k0, k_hi, K, 0, False, BLOCK_K,
+                                  PREC, CG)  # fmt: skip
+                else:
+                    k0 = tl.multiple_of((e // STEP) * STEP, STEP)
+                    for i in tl.static_range(SUB):
+                        acc = _k_step(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k0 + i * BLOCK_K, k_hi, K,
+                                      (e >> i) & 1, True, BLOCK_K, PREC, CG)  # fmt: skip
         else:
-            for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
-                run = 0
-                if ROUTED:
-                    run = _any_row(mask_ptr, k0 // G, B, NG, BM)
-                acc = _k_step(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k0, k_hi, K, run, ROUTED, BLOCK_K, PREC,
-                              CG)  # fmt: skip
+            for k0 in tl.range(k_lo, k_hi, STEP, num_stages=STAGES):
+                for i in tl.static_range(SUB):
+                    run = 0
+                    if ROUTED:
+                        g = (k0 + i * BLOCK_K) // G
+                        if SUB > 1:  # a sub-step past k_hi reads nothing: its group index only has to exist
+                            g = tl.minimum(g, NG - 1)
+                        run = _any_row(mask_ptr, g, B, NG, BM)
+                    acc = _k_step(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k0 + i * BLOCK_K, k_hi, K, run,
+                                  ROUTED, BLOCK_K, PREC, CG)  # fmt: skip
         return acc
 
     @triton.jit
@@ -579,7 +605,7 @@ if HAS_TRITON:
         acc = tl.zeros([BM, BLOCK_N], tl.float32)
         acc = _routed_k_loop(acc, o_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k_lo, tl.minimum(k_lo + K_CHUNK, K), K,
                              mask_ptr, B, NG, G, list_ptr + pid * NS_P, ROUTED, BM, BLOCK_K, PREC, False, COMPACT,
-                             NS_P, None)  # fmt: skip
+                             NS_P, None, 1)  # fmt: skip
         last = True
         if KS > 1:
             last, acc = _split_k_sum(acc, part_ptr, cnt_ptr, tile, n_tiles, pid % KS, KS, BM, BLOCK_N)
@@ -629,6 +655,7 @@ if HAS_TRITON:
         ROUTED: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BLOCK_K: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_KD: tl.constexpr, T_P: tl.constexpr, RB: tl.constexpr, NB: tl.constexpr,
         PREC: tl.constexpr, COMPACT: tl.constexpr, NS_P: tl.constexpr, DSTAGES: tl.constexpr, PDL: tl.constexpr,
+        SUB: tl.constexpr,  # groups per down-projection K step (BLOCK_KD = G when > 1)
     ):  # fmt: skip
         pdl_begin(PDL)
         n_prod = NG * CPG
@@ -679,7 +706,7 @@ if HAS_TRITON:
             acc = tl.zeros([BM, BLOCK_N], tl.float32)
             acc = _routed_k_loop(acc, a_ptr, wd_ptr, offs_m, in_m, offs_n, in_n, g_lo * G, g_hi * G, DF, mask_ptr, B,
                                  NG, G, list_ptr + j * NS_P, ROUTED, BM, BLOCK_KD, PREC, True, COMPACT, NS_P,
-                                 DSTAGES)  # fmt: skip
+                                 DSTAGES, SUB)  # fmt: skip
             last = True
             if KS > 1:
                 last, acc = _split_k_sum(acc, part_ptr, cnt_ptr + 1 + KS, tile, n_tiles, s, KS, BM, BLOCK_N)
@@ -781,6 +808,19 @@ def ffn_chunk(group: int, n_groups: int, sms: int) -> int:
     while ch > 16 and n_groups * (group // ch) < 2 * sms:
         ch //= 2
     return ch
+
+
+def down_step(group: int, n_groups: int, splits: int, step: int, span: int) -> tuple[int, int]:
+    """(BLOCK_KD, SUB) of the FFN's down-projection loop: sub-steps of the group's largest power-of-two divisor
+    <= step, and SUB > 1 whole groups a step, up to ``span`` columns (0: one group), where every K split starts
+    on a step (split s starts at group s * n_groups // splits). Narrow groups then take as few loop trips as
+    ``span``-wide ones and read the same bytes (docs/kernels.md#fused-decode-layer)."""
+    bkd = largest_pow2_divisor(group, step)
+    sub = 1
+    if bkd == group:
+        while bkd * sub * 2 <= span and all(s * n_groups // splits % (sub * 2) == 0 for s in range(splits)):
+            sub *= 2
+    return bkd, sub
 
 
 def _compact(mask: torch.Tensor | None, steps: int) -> tuple[bool, int]:
@@ -971,10 +1011,10 @@ def _ffn_op(
     cpg = group // ch
     bk, nw = _gemv_blocks(h)
     bn = 16 if not h.is_cuda else _ov("ffn_block_n", 64)
-    bkd = largest_pow2_divisor(group, _ov("down_block_k", bk))
     tiles = triton.cdiv(d, bn)
     ks = _ov("ffn_splits", k_splits(tiles, ng, _sms(h)))
-    compact, ns_p = _compact(mask, triton.cdiv(ng, ks) * (group // bkd))
+    bkd, sub = down_step(group, ng, ks, _ov("down_block_k", bk), _ov("down_span", 0))
+    compact, ns_p = _compact(mask, triton.cdiv(triton.cdiv(ng, ks) * (group // bkd), sub))
     a = torch.empty(b, df, dtype=h.dtype, device=h.device)
     xo, hn = torch.empty_like(x), torch.empty_like(x)
     ss = torch.empty(tiles * BLOCK_M, dtype=torch.float32, device=h.device)
@@ -985,7 +1025,7 @@ def _ffn_op(
         KS=ks, CPG=cpg, CH=ch, ROUTED=mask is not None, HAS_BIAS=bias is not None, BM=BLOCK_M,
         BLOCK_K=min(bk, next_pow2(d)), BLOCK_N=bn, BLOCK_KD=bkd, T_P=next_pow2(tiles), **_norm_blocks(b, d, h),
         PREC=_prec(h), COMPACT=compact, NS_P=ns_p, DSTAGES=_ov("down_stages", COMPACT_STAGES if compact else None),
-        num_warps=nw, **_stages(h), **pdl_launch(h),
+        SUB=sub, num_warps=nw, **_stages(h), **pdl_launch(h),
     )  # fmt: skip
     return xo, hn
 
