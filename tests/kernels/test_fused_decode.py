@@ -185,6 +185,18 @@ def test_router_on_the_kernels_h_is_router_decisions(kernel_device):
     assert torch.equal(m.cpu(), router_decisions(h.cpu(), wdn, wm, bm))
 
 
+def test_dense_ffn_does_not_depend_on_the_group_size(kernel_device):
+    """Without a mask every channel runs: the launch tiles the same whatever group size the routers use."""
+    torch.manual_seed(3)
+    dm, df, b = 40, 96, 2
+    h, x, nw = torch.randn(b, dm), torch.randn(b, dm), torch.rand(dm) + 0.5
+    ws = [torch.randn(df, dm) / dm**0.5, torch.randn(df, dm) / dm**0.5, torch.randn(dm, df) / df**0.5]
+    args = _to(kernel_device, h, *ws, None, x, nw)
+    outs = [FD.ffn_residual_norm(*args, 1e-5, g) for g in (16, 32, 48, 96)]
+    torch.testing.assert_close(outs[0][0].cpu(), FD.ffn_residual_norm_ref(h, *ws, None, x, nw, 1e-5)[0])
+    assert all(torch.equal(o[0], outs[0][0]) and torch.equal(o[1], outs[0][1]) for o in outs[1:])
+
+
 def test_down_step_rule():
     """Groups narrower than the step share it only where every K split starts on a step."""
     assert FD.down_step(128, 112, 4, 256, 0) == (128, 1)  # the rule: one group a step

@@ -1006,6 +1006,8 @@ def _ffn_op(
         return ffn_residual_norm_ref(h, w_gate, w_up, w_down, mask, x, norm_w, eps, bias)
     b, d = h.shape
     df = w_gate.shape[0]
+    if mask is None:  # every channel runs: the tiling need not follow the routers' group size (a dense baseline)
+        group = largest_pow2_divisor(df, 128)
     ng = df // group
     ch = _ov("ffn_chunk", ffn_chunk(group, ng, _sms(h))) if h.is_cuda else 16
     cpg = group // ch
