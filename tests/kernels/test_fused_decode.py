@@ -204,6 +204,8 @@ def test_down_step_rule():
     assert FD.down_step(128, 112, 4, 256, 128) == (128, 1)  # 8B, G 128: already a 128-column step
     assert FD.down_step(32, 448, 4, 256, 128) == (32, 4)  # 8B, G 32: splits start at groups 0 / 112 / 224 / 336
     assert FD.down_step(32, 448, 4, 256, 256) == (32, 8)
+    assert FD.down_step(32, 448, 4, 256, FD.NARROW_DOWN_SPAN) == (32, 16)  # 8B, G 32 at the rule
+    assert FD.down_step(32, 448, 4, 256, 1024) == (32, 16)  # 112 groups a split: 16 is their largest pow2 divisor
     assert FD.down_step(32, 5, 4, 128, 128) == (32, 1)  # splits start at groups 1, 2, 3
     assert FD.down_step(32, 5, 2, 64, 64) == (32, 2)  # splits start at groups 0, 2
     assert FD.down_step(48, 300, 4, 256, 128) == (16, 1)  # a step inside a group
@@ -228,7 +230,8 @@ def test_rejects_bad_input():
 @pytest.mark.gpu
 @pytest.mark.parametrize("b", [1, 3, 16])
 @pytest.mark.parametrize("mode", ["all", "random", "none"])
-@pytest.mark.parametrize(("g", "span"), [(128, None), (32, None), (32, 128)])  # 128: four groups a down step
+# span None: the rule (G 32: sixteen groups a down step); 32: one group a step; 128: four
+@pytest.mark.parametrize(("g", "span"), [(128, None), (32, None), (32, 32), (32, 128)])
 def test_ffn_bf16_rule_on_gpu(b, mode, g, span):
     torch.manual_seed(b)
     dm, df = 4096, 14336
