@@ -204,8 +204,12 @@ def test_down_step_rule():
     assert FD.down_step(128, 112, 4, 256, 128) == (128, 1)  # 8B, G 128: already a 128-column step
     assert FD.down_step(32, 448, 4, 256, 128) == (32, 4)  # 8B, G 32: splits start at groups 0 / 112 / 224 / 336
     assert FD.down_step(32, 448, 4, 256, 256) == (32, 8)
-    assert FD.down_step(32, 448, 4, 256, FD.NARROW_DOWN_SPAN) == (32, 16)  # 8B, G 32 at the rule
-    assert FD.down_step(32, 448, 4, 256, 1024) == (32, 16)  # 112 groups a split: 16 is their largest pow2 divisor
+    assert FD.down_step(32, 448, 4, 256, FD.NARROW_DOWN_SPAN) == (32, 4)  # 8B, G 32 at the rule
+    assert FD.down_step(32, 448, 4, 256, 512) == (32, 8)  # 16 run bits would not fit below a 512-column step
+    assert FD.down_step(16, 448, 1, 256, 512) == (16, 4)  # 8 bits would not fit below 128 columns
+    for g, span in ((16, 1024), (32, 1024), (64, 1024), (8, 64)):  # the run bits fit below the step's first column
+        bkd, sub = FD.down_step(g, 448, 1, 256, span)
+        assert sub == 1 or 2**sub <= bkd * sub, (g, span)
     assert FD.down_step(32, 5, 4, 128, 128) == (32, 1)  # splits start at groups 1, 2, 3
     assert FD.down_step(32, 5, 2, 64, 64) == (32, 2)  # splits start at groups 0, 2
     assert FD.down_step(48, 300, 4, 256, 128) == (16, 1)  # a step inside a group
@@ -230,8 +234,8 @@ def test_rejects_bad_input():
 @pytest.mark.gpu
 @pytest.mark.parametrize("b", [1, 3, 16])
 @pytest.mark.parametrize("mode", ["all", "random", "none"])
-# span None: the rule (G 32: sixteen groups a down step); 32: one group a step; 128: four
-@pytest.mark.parametrize(("g", "span"), [(128, None), (32, None), (32, 32), (32, 128)])
+# span None: the rule (G 32: four groups a down step); 32: one group a step; 256: eight, the most that fit
+@pytest.mark.parametrize(("g", "span"), [(128, None), (32, None), (32, 32), (32, 256)])
 def test_ffn_bf16_rule_on_gpu(b, mode, g, span):
     torch.manual_seed(b)
     dm, df = 4096, 14336
@@ -362,9 +366,10 @@ def test_compacted_k_loops_read_the_same_bits(kernel_device, mode, b):
     wg[off], wu[off], wd[:, off] = float("nan"), float("nan"), float("nan")
     args = _to(kernel_device, h, wg, wu, wd, mask, x, nw)
     xr, hr = FD.ffn_residual_norm_ref(h, wg.nan_to_num(), wu.nan_to_num(), wd.nan_to_num(), mask, x, nw, 1e-5)
-    # down_span: two groups a down step (2 splits), four (1 split: the last step past the last group)
+    # down_span: two groups a down step (2 splits), four (1 split: the last step past the last group), eight (the
+    # most whose run bits fit below a step's first column: 512 asks for sixteen)
     for shapes in ({}, {"ffn_splits": 2}, {"down_block_k": 16, "down_stages": 2}, {"ffn_splits": 2, "down_span": 64},
-                   {"ffn_splits": 1, "down_span": 128}):  # fmt: skip
+                   {"ffn_splits": 1, "down_span": 128}, {"ffn_splits": 1, "down_span": 512}):  # fmt: skip
         with FD.launch_overrides(compact_k=0, **shapes):
             base = FD.ffn_residual_norm(*args, 1e-5, g)
         with FD.launch_overrides(**shapes):  # the rule: compacted
@@ -388,6 +393,31 @@ def test_compacted_k_loops_read_the_same_bits(kernel_device, mode, b):
                 out = FD.o_proj_residual_norm(*oargs, 1e-5)
             assert not torch.isnan(base[0]).any()
             assert torch.equal(out[0], base[0]) and torch.equal(out[1], base[1]), (hq, hk, shapes)
+
+
+def test_down_steps_of_many_groups_keep_their_run_bits(kernel_device):
+    """Sixteen 32-column groups, every one run by some token: a compacted down step of SUB groups carries SUB run
+    bits below its first column, so ``down_step`` gathers no more groups than fit (a 512-column span asks for 16
+    and gets 8). The result equals the reference and the predicated loop's bits; the groups no token runs are
+    poisoned with NaN."""
+    torch.manual_seed(11)
+    b, dm, df, g = 3, 40, 544, 32  # 17 groups: the last step holds one group
+    h, x, nw = torch.randn(b, dm), torch.randn(b, dm), torch.rand(dm) + 0.5
+    wg, wu, wd = torch.randn(df, dm) / dm**0.5, torch.randn(df, dm) / dm**0.5, torch.randn(dm, df) / df**0.5
+    mask = torch.ones(b, df // g, dtype=torch.bool)
+    mask[:, 16] = False  # the last group: skipped, so its columns must stay unread
+    off = ~mask.any(0).repeat_interleave(g)
+    wg[off], wu[off], wd[:, off] = float("nan"), float("nan"), float("nan")
+    args = _to(kernel_device, h, wg, wu, wd, mask, x, nw)
+    xr, hr = FD.ffn_residual_norm_ref(h, wg.nan_to_num(), wu.nan_to_num(), wd.nan_to_num(), mask, x, nw, 1e-5)
+    for span in (256, 512):
+        with FD.launch_overrides(ffn_splits=1, down_span=span, compact_k=0):
+            base = FD.ffn_residual_norm(*args, 1e-5, g)
+        with FD.launch_overrides(ffn_splits=1, down_span=span):
+            out = FD.ffn_residual_norm(*args, 1e-5, g)
+        torch.testing.assert_close(out[0].cpu(), xr, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out[1].cpu(), hr, rtol=1e-5, atol=1e-5)
+        assert torch.equal(out[0], base[0]) and torch.equal(out[1], base[1]), span
 
 
 def test_attention_launch_overrides(kernel_device):

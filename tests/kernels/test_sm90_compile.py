@@ -43,8 +43,8 @@ DOWN_VARIANTS = [(False, False, None, dict(BLOCK_N=32, BLOCK_K=256)), (True, Fal
 # + 32-channel groups, four a down step (launch_overrides(down_span=128) at 8B shapes) and sixteen (the rule)
 FFN_VARIANTS = [(False, False, None, {}), (True, False, None, {}), (True, True, None, {}), (True, True, 3, {}),
                 (True, False, 3, {}), (True, True, None, {"BLOCK_KD": 32, "SUB": 4}),
-                (True, False, None, {"BLOCK_KD": 32, "SUB": 4}), (True, True, None, {"BLOCK_KD": 32, "SUB": 16}),
-                (True, False, None, {"BLOCK_KD": 32, "SUB": 16})]
+                (True, False, None, {"BLOCK_KD": 32, "SUB": 4}), (True, True, None, {"BLOCK_KD": 32, "SUB": 8}),
+                (True, False, None, {"BLOCK_KD": 32, "SUB": 8})]
 # as a launch specialises them: 16-byte aligned pointers, widths and strides that are multiples of 16
 DIV = {"D", "K", "G", "K_CHUNK", "DF", "s_kb", "s_ks", "s_kh", "s_vb", "s_vs", "s_vh"}
 
@@ -125,7 +125,7 @@ def test_fused_decode_kernels_compile_for_sm90():
     assert 2.9 < deep[True, 7] / deep[True, 3] < 3.1
     ffn = by["ffn", True, False, None]["cp_async"]
     assert all(by["ffn", True, c, s]["cp_async"] > 0.8 * ffn for c, s in ((True, None), (True, 3), (False, 3)))
-    # four or sixteen 32-channel groups a step: its own loop code (predicated sub-steps), still pipelined
+    # four or eight 32-channel groups a step: its own loop code (predicated sub-steps), still pipelined
     assert len(sub4) == 4 and all(
         r["cp_async"] > 0.8 * ffn and r["ptx_lines"] != by["ffn", True, c, None]["ptx_lines"]
         for (c, _), r in sub4.items()

@@ -269,6 +269,7 @@ if HAS_TRITON:
         give the same bits. STAGES: the loop's own pipeline depth (None: the kernel's num_stages). Several
         groups a step keep narrow groups' loop as short as wide ones' (docs/kernels.md#fused-decode-layer)."""
         STEP: tl.constexpr = BLOCK_K * SUB
+        tl.static_assert((1 << SUB) <= STEP, "a step's run bits must fit below its first column (down_step)")
         if ROUTED and COMPACT:
             offs_s = tl.arange(0, NS_P)
             k_s = k_lo + offs_s * STEP  # [NS_P] each step's first column
@@ -760,9 +761,10 @@ def _stages(t: torch.Tensor, rule: int | None = None) -> dict:
 # A list-driven K loop keeps about (stages - 1) / 2 weight tiles in flight where the predicated loop keeps
 # stages - 1, so it runs deeper than Triton's default (docs/kernels.md#fused-decode-layer).
 COMPACT_STAGES = 5
-# Groups narrower than a 128-column step: the down loop gathers whole groups into steps of up to this many columns
-# (``down_step``), so that narrow groups take no more loop trips than wide ones (docs/kernels.md#fused-decode-layer).
-NARROW_DOWN_SPAN = 512
+# Groups narrower than 128 columns: the down loop gathers whole groups into steps of up to this many columns
+# (``down_step``), so that narrow groups take no more loop trips than 128-column ones
+# (docs/kernels.md#fused-decode-layer).
+NARROW_DOWN_SPAN = 128
 
 
 def _norm_blocks(b: int, d: int, t: torch.Tensor) -> dict:
@@ -817,12 +819,18 @@ def ffn_chunk(group: int, n_groups: int, sms: int) -> int:
 def down_step(group: int, n_groups: int, splits: int, step: int, span: int) -> tuple[int, int]:
     """(BLOCK_KD, SUB) of the FFN's down-projection loop: sub-steps of the group's largest power-of-two divisor
     <= step, and SUB > 1 whole groups a step, up to ``span`` columns (0: one group), where every K split starts
-    on a step (split s starts at group s * n_groups // splits). Narrow groups then take as few loop trips as
+    on a step (split s starts at group s * n_groups // splits) and the step's SUB run bits fit below its first
+    column (2**SUB <= the step's columns: at most 8 groups of 32 a step). Narrow groups then take as few loop trips as
     ``span``-wide ones and read the same bytes (docs/kernels.md#fused-decode-layer)."""
     bkd = largest_pow2_divisor(group, step)
     sub = 1
     if bkd == group:
-        while bkd * sub * 2 <= span and all(s * n_groups // splits % (sub * 2) == 0 for s in range(splits)):
+        # a list entry is the step's first column (a multiple of bkd * sub) plus SUB run bits: 2**SUB <= bkd * sub
+        while (
+            bkd * sub * 2 <= span
+            and 2 ** (sub * 2) <= bkd * sub * 2
+            and all(s * n_groups // splits % (sub * 2) == 0 for s in range(splits))
+        ):
             sub *= 2
     return bkd, sub
 
