@@ -396,9 +396,9 @@ def test_compacted_k_loops_read_the_same_bits(kernel_device, mode, b):
 
 
 def test_down_steps_of_many_groups_keep_their_run_bits(kernel_device):
-    """Sixteen 32-column groups, every one run by some token: a compacted down step of SUB groups carries SUB run
-    bits below its first column, so ``down_step`` gathers no more groups than fit (a 512-column span asks for 16
-    and gets 8). The result equals the reference and the predicated loop's bits; the groups no token runs are
+    """Seventeen 32-column groups, sixteen of them run by every token: a compacted down step of SUB groups carries
+    SUB run bits below its first column, so ``down_step`` gathers no more groups than fit (a 512-column span asks
+    for 16 and gets 8). The result equals the reference and the predicated loop's bits; the groups no token runs are
     poisoned with NaN."""
     torch.manual_seed(11)
     b, dm, df, g = 3, 40, 544, 32  # 17 groups: the last step holds one group

@@ -40,7 +40,7 @@ O_VARIANTS = [(False, False, None, {}), (True, False, None, {}), (True, True, No
               (True, False, None, {"num_stages": 5}), (True, True, None, {"num_stages": 5}),
               (True, True, None, {"num_stages": 7})]
 DOWN_VARIANTS = [(False, False, None, dict(BLOCK_N=32, BLOCK_K=256)), (True, False, None, dict(BLOCK_N=32))]
-# + 32-channel groups, four a down step (launch_overrides(down_span=128) at 8B shapes) and sixteen (the rule)
+# + 32-channel groups, four a down step (the rule at 8B shapes) and eight (launch_overrides(down_span=256))
 FFN_VARIANTS = [(False, False, None, {}), (True, False, None, {}), (True, True, None, {}), (True, True, 3, {}),
                 (True, False, 3, {}), (True, True, None, {"BLOCK_KD": 32, "SUB": 4}),
                 (True, False, None, {"BLOCK_KD": 32, "SUB": 4}), (True, True, None, {"BLOCK_KD": 32, "SUB": 8}),

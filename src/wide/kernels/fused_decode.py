@@ -72,7 +72,7 @@ class LaunchOverrides:
     ffn_chunk: channels per FFN producer; down_block_k / down_stages: K step and pipeline depth of the FFN's
     down-projection loop alone (block_k and down_block_k >= 16, a tensor-core dot's K); down_span: columns a
     down step gathers from whole groups narrower than it (``down_step``; the rule: NARROW_DOWN_SPAN for groups
-    narrower than 128 columns, else one group a step; the group's width forces one group a step);
+    narrower than 128 columns, else one group a step; down_span=G gives one group a step);
     compact_k: 1 (the rule) the routed O and down loops visit only the K steps of groups some token runs (a
     list per program), 0 they predicate the others off; norm_tile: elements per step of the norm tails;
     attn_splits: KV splits of decode attention (any count), attn_block_n: keys per step (a power of two >= 16),
