@@ -22,6 +22,7 @@ TEAL-style zeroes the entries of the q / k / v and o inputs (it skips no attenti
 
     python scripts/oracle_granularity.py --out bench/results/smollm2/granularity-cpu.json
     python scripts/oracle_granularity.py --kind attn --out bench/results/smollm2/granularity-attn-cpu.json
+    python scripts/oracle_granularity.py --learned-only --routers DIR --out F   # a checkpoint's FFN alone
     python scripts/oracle_granularity.py --plot bench/results/smollm2/granularity-cpu.json \
         --out docs/plots/granularity-cpu.png
 """
@@ -177,7 +178,9 @@ def run(args: argparse.Namespace) -> dict:
 
     t0 = time.time()
     command = "python scripts/oracle_granularity.py " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None
+        f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
+        for k, v in vars(args).items()
+        if v is not None and v is not False
     )
     meta = {"command": command, "kind": args.kind, "model": args.model, "docs": args.docs,
             "max_length": args.max_length}  # fmt: skip
@@ -188,6 +191,8 @@ def run(args: argparse.Namespace) -> dict:
     learned, rate, per_layer, group = learned_rows(model, args.routers, "ffn", ppl)
     rows.append({"method": "learned", "routers": args.routers, "group": group,
                  "ffn_skip": rate, "per_layer": per_layer, "word_ppl": learned})  # fmt: skip
+    if args.learned_only:
+        return meta | {"wall_s": time.time() - t0, "rows": rows}
     layers = model.model.layers
     originals = [layer.mlp.forward for layer in layers]
     try:
@@ -285,6 +290,7 @@ def main() -> None:
     ap.add_argument("--docs", type=int, default=4)
     ap.add_argument("--max-length", type=int, default=512)
     ap.add_argument("--batch-size", type=int, default=2)
+    ap.add_argument("--learned-only", action="store_true", help="FFN: only the dense and learned rows")
     args = ap.parse_args()
     if args.plot:
         plot(json.loads(args.plot.read_text()), args.out)
