@@ -71,8 +71,8 @@ class LaunchOverrides:
     slices per head; *_splits: K splits (powers of two); o_block_n / ffn_block_n: output columns per tile;
     ffn_chunk: channels per FFN producer; down_block_k / down_stages: K step and pipeline depth of the FFN's
     down-projection loop alone (block_k and down_block_k >= 16, a tensor-core dot's K); down_span: columns a
-    down step gathers from whole groups narrower than it (``down_step``; the rule: NARROW_DOWN_SPAN for groups
-    narrower than 128 columns, else one group a step; down_span=G gives one group a step);
+    down step gathers from whole groups narrower than it (``down_step``; the rule: NARROW_DOWN_SPAN;
+    down_span=G gives one group a step);
     compact_k: 1 (the rule) the routed O and down loops visit only the K steps of groups some token runs (a
     list per program), 0 they predicate the others off; norm_tile: elements per step of the norm tails;
     attn_splits: KV splits of decode attention (any count), attn_block_n: keys per step (a power of two >= 16),
@@ -761,8 +761,8 @@ def _stages(t: torch.Tensor, rule: int | None = None) -> dict:
 # A list-driven K loop keeps about (stages - 1) / 2 weight tiles in flight where the predicated loop keeps
 # stages - 1, so it runs deeper than Triton's default (docs/kernels.md#fused-decode-layer).
 COMPACT_STAGES = 5
-# Groups narrower than 128 columns: the down loop gathers whole groups into steps of up to this many columns
-# (``down_step``), so that narrow groups take no more loop trips than 128-column ones
+# The down loop gathers whole groups narrower than this into steps of up to this many columns (``down_step``;
+# wider groups step one at a time), so that narrow groups take no more loop trips than 128-column ones
 # (docs/kernels.md#fused-decode-layer).
 NARROW_DOWN_SPAN = 128
 
@@ -1027,8 +1027,7 @@ def _ffn_op(
     bn = 16 if not h.is_cuda else _ov("ffn_block_n", 64)
     tiles = triton.cdiv(d, bn)
     ks = _ov("ffn_splits", k_splits(tiles, ng, _sms(h)))
-    span = _ov("down_span", NARROW_DOWN_SPAN if group < 128 else 0)
-    bkd, sub = down_step(group, ng, ks, _ov("down_block_k", bk), span)
+    bkd, sub = down_step(group, ng, ks, _ov("down_block_k", bk), _ov("down_span", NARROW_DOWN_SPAN))
     compact, ns_p = _compact(mask, triton.cdiv(triton.cdiv(ng, ks) * (group // bkd), sub))
     a = torch.empty(b, df, dtype=h.dtype, device=h.device)
     xo, hn = torch.empty_like(x), torch.empty_like(x)
