@@ -178,7 +178,6 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
         method=method,
         sparsity_kind=a.sparsity_kind,
         distill=a.distill,
-        router_oracle=a.router_oracle,
         seed=a.seed,
     )
     model_id = resolve_model_id(a.model)
@@ -607,14 +606,6 @@ def build_parser() -> argparse.ArgumentParser:
         default="none",
         help="calibration objective: LM loss, KL to the dense model's next-token distribution, or both "
         "(kl+lm: lower perplexity at 50%%, docs/baselines.md)",
-    )
-    c.add_argument(
-        "--router-oracle",
-        type=float,
-        default=0.0,
-        metavar="W",
-        help="weight of a term pulling each router's decisions towards a magnitude oracle's (the groups that "
-        "contribute least through O / down, at the router's own rate); 0: off",
     )
     c.add_argument("--calib-batches", type=int, default=8, help="static-width / teal: calibration batches")
     c.add_argument(

@@ -92,10 +92,6 @@ class WideConfig:
         removed, as `wide.accounting` counts them; shared target only).
     distill: the calibration objective — "none" (LM loss), "kl" (KL to the frozen dense model's
         next-token distribution instead), "kl+lm" (both).
-    router_oracle: weight of a router-imitation term in training (0: off; method "wide"): each router's
-        skip margins are pulled, by a binary cross-entropy, towards the choice of a magnitude oracle that
-        skips, in each layer, the (token, group) pairs with the smallest contribution ||W[:, g] h_g|| through
-        O / down at the rate the router currently skips (docs/results.md, "Router or granularity? (CPU)").
     seed: the routers' initialisation (`wide.train.calibrate.seeded_wide_model`; `wide calibrate
         --seed` sets it and the data order / Gumbel noise seed alike): equal seeds, equal routers.
     """
@@ -115,7 +111,6 @@ class WideConfig:
     method: str = "wide"
     sparsity_kind: str = "groups"
     distill: str = "none"
-    router_oracle: float = 0.0
     seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -167,10 +162,6 @@ class WideConfig:
             raise WideConfigError("sparsity_kind='flops' needs the shared target (sparsity), not attn/ffn_sparsity")
         if self.distill not in DISTILL:
             raise WideConfigError(f"distill must be one of {DISTILL}, got {self.distill!r}")
-        if self.router_oracle < 0:
-            raise WideConfigError(f"router_oracle must be >= 0, got {self.router_oracle}")
-        if self.router_oracle and self.method != "wide":
-            raise WideConfigError(f"router_oracle needs method 'wide' (group routers), got {self.method!r}")
 
     @property
     def separate_targets(self) -> bool:
@@ -235,6 +226,9 @@ class WideConfig:
         # field existed carry it, false unless such routers were calibrated
         if d.pop("router_lookahead", False):
             raise WideConfigError("router_lookahead routers are no longer supported (docs/negative-results.md)")
+        # the router-imitation training term was removed (docs/negative-results.md); it shaped training only,
+        # so routers calibrated with it load and run as any others
+        d.pop("router_oracle", None)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:

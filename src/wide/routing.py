@@ -108,39 +108,6 @@ def hard_gumbel_execute(margin: torch.Tensor, tau: float | torch.Tensor) -> torc
     return 1.0 - skip
 
 
-def oracle_imitation_loss(
-    h: torch.Tensor,
-    weight: torch.Tensor,
-    margin: torch.Tensor,
-    execute: torch.Tensor,
-    token_mask: torch.Tensor | None,
-) -> torch.Tensor:
-    """Binary cross-entropy of a router's skip margins against a magnitude oracle (WideConfig.router_oracle).
-
-    h: [B, T, N_G * w] the unmasked input of the projection the router gates (O or down), weight: [D, N_G * w]
-    that projection's, margin: [B, T, N_G] fp32 skip margins, execute: [B, T, N_G] the decisions whose skip
-    rate the oracle takes (argmax: the rate the router skips at inference), token_mask: [B, T] real tokens or
-    None. The oracle skips the (token, group) pairs of the real tokens whose contribution ||W[:, g] h_g|| is
-    among the smallest at that rate, all groups and tokens of the layer ranked together, as a router's global
-    threshold does (docs/results.md, "Router or granularity? (CPU)"). Only the margins carry a gradient."""
-    b, t, ng = margin.shape
-    real = torch.ones(b, t, dtype=torch.bool, device=h.device) if token_mask is None else token_mask.bool()
-    with torch.no_grad():
-        hg = h.detach().float().reshape(b, t, ng, -1)  # [B, T, N_G, w]
-        wg = weight.detach().float().view(weight.shape[0], ng, -1)  # [D, N_G, w]
-        gram = torch.einsum("dgc,dge->gce", wg, wg)  # [N_G, w, w]: W_g^T W_g
-        score = torch.einsum("btgc,gce,btge->btg", hg, gram, hg).clamp_min(0)  # ||W_g h_g||^2, [B, T, N_G]
-        score = torch.where(real.unsqueeze(-1), score, float("inf"))  # padding: never among the smallest
-        n = real.sum() * ng
-        rate = 1.0 - masked_mean(execute.float(), real)
-        k = (rate * n).round().long()  # pairs the oracle skips
-        ranked = score.reshape(-1).sort().values
-        thr = torch.where(k > 0, ranked[(k - 1).clamp_min(0)], ranked.new_tensor(float("-inf")))
-        skip = (score <= thr).float()  # [B, T, N_G] the oracle's choice
-    bce = torch.nn.functional.binary_cross_entropy_with_logits(margin.float(), skip, reduction="none")
-    return masked_mean(bce, real)
-
-
 def masked_mean(x: torch.Tensor, token_mask: torch.Tensor | None) -> torch.Tensor:
     """Mean of x: [B, T, N_G] over groups and the tokens where token_mask: [B, T] is True."""
     if token_mask is None:

@@ -57,6 +57,8 @@ def test_config_roundtrip_and_tau(tmp_path):
     assert WideConfig.from_dict({**c.to_dict(), "router_lookahead": False}) == c
     with pytest.raises(WideConfigError, match="router_lookahead routers are no longer supported"):
         WideConfig.from_dict({**c.to_dict(), "router_lookahead": True})
+    # configs saved while the router-imitation term existed carry its weight: a training-only field, dropped
+    assert WideConfig.from_dict({**c.to_dict(), "router_oracle": 1.0}) == c
 
 
 def test_unsupported_architecture_is_a_clear_error():

@@ -22,7 +22,7 @@ import torch.nn as nn
 
 from wide.accounting import FlopModel, SparsityMeter
 from wide.config import ModelDims, RoutingShape, WideConfig
-from wide.routing import Router, RoutingMode, hard_gumbel_execute, masked_mean, oracle_imitation_loss
+from wide.routing import Router, RoutingMode, hard_gumbel_execute, masked_mean
 
 SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -183,12 +183,7 @@ class WideModel(nn.Module):
             if self.mode == "dense":
                 return None
             h = args[0]  # h: [B, T, N_G * width]
-            masks = module._wide_slot.masks
-            m = masks[kind]  # [B, T, N_G]
-            if self.mode == "gumbel" and self.config.router_oracle:  # the router-imitation term's share
-                masks[kind + "_oracle"] = oracle_imitation_loss(
-                    h, module.weight, masks[kind + "_margin"], masks[kind + "_argmax"], self.token_mask
-                )
+            m = module._wide_slot.masks[kind]  # [B, T, N_G]
             gate = m.to(h.dtype).repeat_interleave(width, dim=-1)  # [B, T, N_G * width]
             return (h * gate,) + tuple(args[1:])
 
@@ -265,13 +260,6 @@ class WideModel(nn.Module):
     def stop_meter(self) -> dict:
         self.metering = False
         return self.meter.summary()
-
-    def oracle_loss(self) -> torch.Tensor | None:
-        """The router-imitation term of the last gumbel-mode forward (config.router_oracle > 0): the mean over
-        layers and both kinds of ``oracle_imitation_loss``; None when off."""
-        if not self.config.router_oracle or self.mode != "gumbel":
-            return None
-        return torch.stack([m[k + "_oracle"] for m in self.last_masks for k in ("attn", "ffn")]).mean()
 
     def router_parameters(self) -> Iterator[nn.Parameter]:
         return self.routers.parameters()

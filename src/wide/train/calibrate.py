@@ -626,7 +626,7 @@ def calibrate(
     t0 = time.perf_counter() - log_state["elapsed"]
     for step in range(start, tc.steps):
         wm.tau = cfg.tau_at(step, tc.steps)
-        stats = torch.zeros(7, device=device)  # loss, lm, attn, ffn, attn_argmax, ffn_argmax, router oracle term
+        stats = torch.zeros(6, device=device)  # loss, lm, attn, ffn, attn_argmax, ffn_argmax
         for _ in range(tc.grad_accum):
             batch = dataset.batch(shard(order.next_batch(), rank, ws))
             ids, am = batch["input_ids"].to(device), batch["attention_mask"].to(device)
@@ -644,9 +644,6 @@ def calibrate(
             # the global batch's terms: objective and LM loss weighted by token share, rates all-reduced
             objective, a, f, lm = global_batch_terms(objective, a, f, labels, am, lm)
             loss = objective.float() + routing_sparsity_loss(a, f, cfg, flop_w)
-            oracle = wm.oracle_loss()  # this rank's router-imitation term (config.router_oracle), None when off
-            if oracle is not None:
-                loss = loss + cfg.router_oracle * oracle
             (loss / tc.grad_accum).backward()
             a_arg, f_arg = wm.skip_rates("_argmax")
             stats += (
@@ -658,7 +655,6 @@ def calibrate(
                         f.mean().detach(),
                         a_arg.mean(),
                         f_arg.mean(),
-                        oracle.detach().float() if oracle is not None else loss.new_zeros(()),
                     ]
                 )
                 / tc.grad_accum
@@ -683,7 +679,6 @@ def calibrate(
                 "ffn_skip": s[3],
                 "attn_skip_argmax": s[4],
                 "ffn_skip_argmax": s[5],
-                **({"router_oracle_loss": s[6]} if cfg.router_oracle else {}),
                 "tau": wm.tau,
                 "lr": sched.get_last_lr()[0],
                 "tokens": log_state["tokens"],
