@@ -2,9 +2,9 @@
 
     python scripts/tune_fused_decode.py --out $OUT        # -> $OUT/fused-tune-h200.json and .md
 
-Llama-3.1-8B layer shapes (D 4,096, Hq 32, Hk 8, d 128, D' 14,336, FFN groups of 128), bf16, random weights. For
-each kernel (QKV + RoPE + cache write, decode attention over CTX cached keys, O + residual + norm, the FFN, its
-down projection alone through O's kernel (``down``); the FFN's two halves through the unfused decode path's kernels
+Llama-3.1-8B layer shapes (D 4,096, Hq 32, Hk 8, d 128, D' 14,336, FFN groups of 128 or ``--ffn-group-size``),
+bf16, random weights. For each kernel (QKV + RoPE + cache write, decode attention over CTX cached keys, O +
+residual + norm, the FFN, its down projection alone through O's kernel (``down``); the FFN's two halves through the unfused decode path's kernels
 (``gateup-unfused``, ``down-unfused``: ``routed_swiglu`` / ``routed_gemm_k`` on the 'small' path, autotuned, which
 launch overrides do not change: run them with ``--grid '[{}]'``); the router of rank 32 over the FFN's groups) and
 each launch configuration (``wide.kernels.fused_decode.launch_overrides``; the router: ``router_decisions(config=
@@ -283,6 +283,8 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=240.0)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (TRITON_INTERPRET=1)")
     ap.add_argument("--skip", type=float, default=SKIP, help="routed cases: the probability a token skips a group")
+    ap.add_argument("--ffn-group-size", type=int, default=None, help=f"FFN channels per group (default {G}; "
+                    "--smoke: its own)")  # fmt: skip
     ap.add_argument("--once", action="store_true", help="each configuration runs once, checked, not timed (for a "
                     "profiler such as ncu, scripts/device/decode.sh NCU_S)")  # fmt: skip
     ap.add_argument("--grid", default=None, help="a JSON list of overrides that replaces every kernel's grid "
@@ -291,6 +293,10 @@ def main() -> None:
     if not 0.0 <= args.skip <= 1.0:
         ap.error(f"--skip must be in [0, 1], got {args.skip}")
     globals().update(SKIP=args.skip, **(SMOKE if args.smoke else {}))
+    if args.ffn_group_size is not None:
+        if args.ffn_group_size <= 0 or DF % args.ffn_group_size:
+            ap.error(f"--ffn-group-size must divide the FFN width {DF}, got {args.ffn_group_size}")
+        globals().update(G=args.ffn_group_size)
     t0 = time.time()
     rows: list[dict] = []
     meta = {"command": "python scripts/tune_fused_decode.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in

@@ -62,3 +62,14 @@ def test_skip_sets_the_routed_draw(tmp_path, skip):
     bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "tune_fused_decode.py"), "--smoke", "--skip", "1.5"],
                          env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert bad.returncode == 2 and "--skip must be in [0, 1]" in bad.stderr
+
+
+def test_ffn_group_size_sets_the_groups(tmp_path):
+    """--ffn-group-size: the FFN and its router over groups of that many channels (16 where the smoke default is
+    32) pass the check against the reference; a size that does not divide the FFN width is a one-line error."""
+    recs = _run(tmp_path, "--once", "--kernels", "ffn,router", "--grid", "[{}]", "--ffn-group-size", "16")
+    assert recs and all(r["err_ok"] for r in recs), [r for r in recs if not r.get("err_ok")]
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT / "src"))
+    bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "tune_fused_decode.py"), "--smoke",
+                          "--ffn-group-size", "100"], env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert bad.returncode == 2 and "--ffn-group-size must divide the FFN width 256" in bad.stderr

@@ -64,6 +64,20 @@ def test_kernel_margin_matches_reference(shape, dtype, splits, kernel_device):
 
 
 @pytest.mark.parametrize("splits", [1, 4])
+def test_head_blocks_are_independent(splits, kernel_device):
+    """300 groups: three head blocks (the last partial), each loaded while the one before is multiplied; a
+    group's margin is the same bits whichever block of the same width holds it (128 groups a block: the head of
+    those groups alone, or of the last 128 groups, whose block straddles the whole head's last two)."""
+    w_down, w_margin, b_margin = _router(200, 32, 300, torch.float32, kernel_device)
+    h = _hidden(19, 200, torch.float32, kernel_device)
+    conf = {"BLOCK_D": 32, "SPLITS": splits, "num_warps": 4}
+    whole = router_margin_kernel(h, w_down, w_margin, b_margin, config=conf)
+    for lo, hi in [(0, 128), (128, 256), (172, 300)]:
+        part = router_margin_kernel(h, w_down, w_margin[lo:hi], b_margin[lo:hi], config=conf)
+        assert torch.equal(part, whole[:, lo:hi]), (lo, hi)
+
+
+@pytest.mark.parametrize("splits", [1, 4])
 @pytest.mark.parametrize("ng", [12, 130])
 def test_head_loaded_first_is_bit_identical(splits, ng, kernel_device):
     """HEAD_FIRST (the head's first block loaded before the D loop) changes where a load sits, not one bit;
@@ -232,7 +246,7 @@ def test_pair_op_keeps_leading_dims_and_matches_the_rule():
 # ------------------------------------------------------------------------------------------------ GPU
 @gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("ng", [8, 112])
+@pytest.mark.parametrize("ng", [8, 112, 448])
 def test_gpu_rows_do_not_depend_on_m(dtype, ng):
     """Llama-3.1-8B routers (D 4096, r 32): decode (M 1..16) and prefill (M up to 4096) compute each
     row's margin bit-identically, so a token decided at decode is decided the same when scored."""
