@@ -2,20 +2,20 @@
 
     python scripts/tune_fused_decode.py --out $OUT        # -> $OUT/fused-tune-h200.json and .md
 
-Llama-3.1-8B layer shapes (D 4,096, Hq 32, Hk 8, d 128, D' 14,336, FFN groups of 128 or ``--ffn-group-size``),
-bf16, random weights. For each kernel (QKV + RoPE + cache write, decode attention over CTX cached keys, O +
-residual + norm, the FFN, its down projection alone through O's kernel (``down``); the FFN's two halves through the unfused decode path's kernels
-(``gateup-unfused``, ``down-unfused``: ``routed_swiglu`` / ``routed_gemm_k`` on the 'small' path, autotuned, which
-launch overrides do not change: run them with ``--grid '[{}]'``); the router of rank 32 over the FFN's groups) and
-each launch configuration (``wide.kernels.fused_decode.launch_overrides``; the router: ``router_decisions(config=
-...)``), B 1 and 16, dense (no mask) and routed (each token skips each group with probability ``--skip``, 0.5 by
-default): the time per call
-(``wide.bench.timing.time_calls``: a CUDA graph of back-to-back calls on rotated weight copies larger than L2), the
-bytes of weights the call reads (groups no token runs are not read) and the TB/s that makes; cuBLAS's ``F.linear``
-of the same matrices (dense; attention: SDPA on the same cache, transposed; the router: its projection alone) as
-the yardstick. Every configuration's output is checked against the fp32 reference before it is timed (bf16 rule:
-error <= 2x the bf16 torch path's, + 1e-5 of the scale); a failing one is recorded with ``err_ok: false`` and not
-timed. The fastest passing configuration per (kernel, B, routed) is listed in the .md.
+Llama-3.1-8B layer shapes (D 4,096, Hq 32, Hk 8, d 128, D' 14,336, FFN groups of 128 or ``--ffn-group-size``), bf16,
+random weights. For each kernel (QKV + RoPE + cache write, decode attention over CTX cached keys, O + residual + norm,
+the FFN, its down projection alone through O's kernel (``down``); the FFN's two halves through the unfused decode
+path's kernels (``gateup-unfused``, ``down-unfused``: ``routed_swiglu`` / ``routed_gemm_k`` on the 'small' path,
+autotuned, which launch overrides do not change: run them with ``--grid '[{}]'``); the router of rank 32 over the FFN's
+groups) and each launch configuration (``wide.kernels.fused_decode.launch_overrides``; the router:
+``router_decisions(config=...)``), B 1 and 16, dense (no mask) and routed (each token skips each group with
+probability ``--skip``, 0.5 by default): the time per call (``wide.bench.timing.time_calls``: a CUDA graph of
+back-to-back calls on rotated weight copies larger than L2), the bytes of weights the call reads (groups no token runs
+are not read) and the TB/s that makes; cuBLAS's ``F.linear`` of the same matrices (dense; attention: SDPA on the same
+cache, transposed; the router: its projection alone) as the yardstick. Every configuration's output is checked against
+the fp32 reference before it is timed (bf16 rule: error <= 2x the bf16 torch path's, + 1e-5 of the scale); a failing
+one is recorded with ``err_ok: false`` and not timed. The fastest passing configuration per (kernel, B, routed) is
+listed in the .md.
 """
 
 from __future__ import annotations
