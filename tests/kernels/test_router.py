@@ -65,9 +65,9 @@ def test_kernel_margin_matches_reference(shape, dtype, splits, kernel_device):
 
 @pytest.mark.parametrize("splits", [1, 4])
 def test_head_blocks_are_independent(splits, kernel_device):
-    """300 groups: three head blocks (the last partial), each loaded while the one before is multiplied; a
-    group's margin is the same bits whichever block of the same width holds it (128 groups a block: the head of
-    those groups alone, or of the last 128 groups, whose block straddles the whole head's last two)."""
+    """300 groups: three head blocks of 128 (the last partial), multiplied in turn; a group's margin is the same
+    bits whichever block of the same width holds it (the head of those 128 groups alone, or of the last 128 groups,
+    whose block straddles the whole head's last two): a block's offset or order does not enter its arithmetic."""
     w_down, w_margin, b_margin = _router(200, 32, 300, torch.float32, kernel_device)
     h = _hidden(19, 200, torch.float32, kernel_device)
     conf = {"BLOCK_D": 32, "SPLITS": splits, "num_warps": 4}

@@ -107,7 +107,7 @@ def test_fused_decode_kernels_compile_for_sm90():
         for r in recs
         if r["stages"] == 3 and r.get("sub", 1) == 1
     }
-    sub4 = {(r["compact"], r["sub"]): r for r in recs if r.get("sub", 1) > 1}
+    multi = {(r["compact"], r["sub"]): r for r in recs if r.get("sub", 1) > 1}  # several groups a down step
     deep = {(r["compact"], r["stages"]): r["shared"] for r in recs if r["kernel"] == "o" and r["routed"]}
     # the compacted loop is different code from the predicated one (its list and barrier), not a no-op
     assert by["o", True, True, None]["ptx_lines"] != by["o", True, False, None]["ptx_lines"]
@@ -126,8 +126,8 @@ def test_fused_decode_kernels_compile_for_sm90():
     ffn = by["ffn", True, False, None]["cp_async"]
     assert all(by["ffn", True, c, s]["cp_async"] > 0.8 * ffn for c, s in ((True, None), (True, 3), (False, 3)))
     # four or eight 32-channel groups a step: its own loop code (predicated sub-steps), still pipelined
-    assert len(sub4) == 4 and all(
+    assert len(multi) == 4 and all(
         r["cp_async"] > 0.8 * ffn and r["ptx_lines"] != by["ffn", True, c, None]["ptx_lines"]
-        for (c, _), r in sub4.items()
+        for (c, _), r in multi.items()
     )
     assert all(r["cp_async"] > 0 for r in recs if r["kernel"] in ("qkv", "attn"))  # their weight / KV loops too
