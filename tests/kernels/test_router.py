@@ -77,6 +77,18 @@ def test_head_blocks_are_independent(splits, kernel_device):
         assert torch.equal(part, whole[:, lo:hi]), (lo, hi)
 
 
+@pytest.mark.parametrize("launch", [{"BLOCK_G": 256}, {"BLOCK_G": 512}, {"num_warps": 8}, {"num_warps": 2},
+                                    {"BLOCK_G": 512, "num_warps": 8, "HEAD_FIRST": 0}])  # fmt: skip
+def test_head_step_and_warps_are_bit_identical(launch, kernel_device):
+    """The head's groups per step (BLOCK_G) and the warps per program partition the outputs, not a dot's K
+    order: 448 groups (Llama-3.1-8B's FFN at G 32) give the same margins bit for bit under any of them."""
+    w_down, w_margin, b_margin = _router(200, 32, 448, torch.float32, kernel_device)
+    h = _hidden(19, 200, torch.float32, kernel_device)
+    conf = {"BLOCK_D": 32, "SPLITS": 4, "num_warps": 4}
+    base = router_margin_kernel(h, w_down, w_margin, b_margin, config=conf)
+    assert torch.equal(router_margin_kernel(h, w_down, w_margin, b_margin, config={**conf, **launch}), base)
+
+
 @pytest.mark.parametrize("splits", [1, 4])
 @pytest.mark.parametrize("ng", [12, 130])
 def test_head_loaded_first_is_bit_identical(splits, ng, kernel_device):

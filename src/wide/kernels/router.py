@@ -324,6 +324,7 @@ def _router_triton(h, w_down, w_margin, b_margin, config: dict | None, out_margi
     if m == 0:
         return out
     conf = _launch(m, d, config)
+    block_g = conf.pop("BLOCK_G", None) or _block_g(ng)  # the head's groups per step: no effect on the arithmetic
     blocks = triton.cdiv(m, ROUTER_BLOCK_M)
     block_r = max(16, next_pow2(r))
     ws = _workspace(h, blocks, conf["SPLITS"], block_r)
@@ -331,7 +332,7 @@ def _router_triton(h, w_down, w_margin, b_margin, config: dict | None, out_margi
     prec = "ieee" if h.dtype == torch.float32 else "tf32"
     _router_kernel[(1 if conf["SERIAL"] else conf["SPLITS"], blocks)](
         h, w_down, w_margin, b_margin, out if out_margin else out.view(torch.uint8), ws, cnt, m, d, r, ng,
-        h.stride(0), w_down.stride(0), PREC=prec, BLOCK_M=ROUTER_BLOCK_M, BLOCK_R=block_r, BLOCK_G=_block_g(ng),
+        h.stride(0), w_down.stride(0), PREC=prec, BLOCK_M=ROUTER_BLOCK_M, BLOCK_R=block_r, BLOCK_G=block_g,
         OUT_MARGIN=out_margin, **conf, **pdl_launch(h),
     )  # fmt: skip
     return out
@@ -450,8 +451,8 @@ def router_decisions(
 ) -> torch.Tensor:
     """h: [..., D] -> execute mask [..., N_G] bool: exactly ``router_margin(...) <= 0``.
 
-    ``config`` (BLOCK_D, SPLITS, num_warps) forces the Triton kernel with those settings (tests and
-    benchmarks; on CPU it needs TRITON_INTERPRET=1)."""
+    ``config`` (BLOCK_D, SPLITS, num_warps; HEAD_FIRST, SERIAL, BLOCK_G: the schedule) forces the Triton kernel
+    with those settings (tests and benchmarks; on CPU it needs TRITON_INTERPRET=1)."""
     h2 = _prepare(h, w_down, w_margin, b_margin)
     if config is not None:
         if not (HAS_TRITON and (h2.is_cuda or interpret_mode())):
