@@ -70,7 +70,7 @@ def test_head_blocks_are_independent(splits, kernel_device):
     whose block straddles the whole head's last two): a block's offset or order does not enter its arithmetic."""
     w_down, w_margin, b_margin = _router(200, 32, 300, torch.float32, kernel_device)
     h = _hidden(19, 200, torch.float32, kernel_device)
-    conf = {"BLOCK_D": 32, "SPLITS": splits, "num_warps": 4}
+    conf = {"BLOCK_D": 32, "SPLITS": splits, "num_warps": 4, "BLOCK_G": 128}
     whole = router_margin_kernel(h, w_down, w_margin, b_margin, config=conf)
     for lo, hi in [(0, 128), (128, 256), (172, 300)]:
         part = router_margin_kernel(h, w_down, w_margin[lo:hi], b_margin[lo:hi], config=conf)
@@ -96,7 +96,7 @@ def test_head_loaded_first_is_bit_identical(splits, ng, kernel_device):
     130 groups: the second head block is loaded in the reduction as before."""
     w_down, w_margin, b_margin = _router(200, 32, ng, torch.float32, kernel_device)
     h = _hidden(19, 200, torch.float32, kernel_device)
-    conf = {"BLOCK_D": 32, "SPLITS": splits, "num_warps": 4}
+    conf = {"BLOCK_D": 32, "SPLITS": splits, "num_warps": 4, "BLOCK_G": 128}
     first = router_margin_kernel(h, w_down, w_margin, b_margin, config={**conf, "HEAD_FIRST": 1})
     late = router_margin_kernel(h, w_down, w_margin, b_margin, config={**conf, "HEAD_FIRST": 0})
     assert torch.equal(first, late)
