@@ -42,7 +42,7 @@ if HAS_TRITON:
     from ._triton_utils import pdl_begin
 
 ROUTER_BLOCK_M = 16  # rows per program, for every M (the row arithmetic must not depend on M)
-MARGIN_MAX_BLOCK_G = 512  # groups per step of the margin head (fewer steps: docs/kernels.md#router)
+MARGIN_MAX_BLOCK_G = 512  # groups per head step; any width, the same bits (docs/kernels.md#fused-decode-layer)
 MAX_RANK = 128
 SERIAL_MIN_BLOCKS = 64  # row blocks from which one program per block runs all its splits (default_config)
 
