@@ -81,10 +81,11 @@ def test_head_blocks_are_independent(splits, kernel_device):
                                     {"BLOCK_G": 512, "num_warps": 8, "HEAD_FIRST": 0}])  # fmt: skip
 def test_head_step_and_warps_are_bit_identical(launch, kernel_device):
     """The head's groups per step (BLOCK_G) and the warps per program partition the outputs, not a dot's K
-    order: 448 groups (Llama-3.1-8B's FFN at G 32) give the same margins bit for bit under any of them."""
+    order: 448 groups (Llama-3.1-8B's FFN at G 32) give the same margins bit for bit under any of them as in four
+    steps of 128 (the rule before it took up to 512 groups a step)."""
     w_down, w_margin, b_margin = _router(200, 32, 448, torch.float32, kernel_device)
     h = _hidden(19, 200, torch.float32, kernel_device)
-    conf = {"BLOCK_D": 32, "SPLITS": 4, "num_warps": 4}
+    conf = {"BLOCK_D": 32, "SPLITS": 4, "num_warps": 4, "BLOCK_G": 128}
     base = router_margin_kernel(h, w_down, w_margin, b_margin, config=conf)
     assert torch.equal(router_margin_kernel(h, w_down, w_margin, b_margin, config={**conf, **launch}), base)
 
