@@ -42,7 +42,11 @@ if HAS_TRITON:
     from ._triton_utils import pdl_begin
 
 ROUTER_BLOCK_M = 16  # rows per program, for every M (the row arithmetic must not depend on M)
-MARGIN_MAX_BLOCK_G = 512  # groups per head step; any width, the same bits (docs/kernels.md#fused-decode-layer)
+# groups per step of the margin head; any width gives the same bits (docs/kernels.md#fused-decode-layer). Split
+# schedule (few rows: decode): up to 512, one step; serial schedule (many rows): 128, whose registers let an SM
+# hold twice the programs
+MARGIN_MAX_BLOCK_G = 512
+MARGIN_MAX_BLOCK_G_SERIAL = 128
 MAX_RANK = 128
 SERIAL_MIN_BLOCKS = 64  # row blocks from which one program per block runs all its splits (default_config)
 
@@ -59,8 +63,8 @@ def default_config(d: int, m: int = 1) -> dict:
     return {"BLOCK_D": 128, "SPLITS": splits, "num_warps": 4, "HEAD_FIRST": 1, "SERIAL": serial}
 
 
-def _block_g(ng: int) -> int:
-    return min(max(16, next_pow2(ng)), MARGIN_MAX_BLOCK_G)
+def _block_g(ng: int, serial: int) -> int:
+    return min(max(16, next_pow2(ng)), MARGIN_MAX_BLOCK_G_SERIAL if serial else MARGIN_MAX_BLOCK_G)
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -324,7 +328,7 @@ def _router_triton(h, w_down, w_margin, b_margin, config: dict | None, out_margi
     if m == 0:
         return out
     conf = _launch(m, d, config)
-    block_g = conf.pop("BLOCK_G", None) or _block_g(ng)  # the head's groups per step: no effect on the arithmetic
+    block_g = conf.pop("BLOCK_G", None) or _block_g(ng, conf["SERIAL"])  # the schedule, not the arithmetic
     blocks = triton.cdiv(m, ROUTER_BLOCK_M)
     block_r = max(16, next_pow2(r))
     ws = _workspace(h, blocks, conf["SPLITS"], block_r)
@@ -356,7 +360,7 @@ def _router_pair_triton(h, router_a: tuple, router_b: tuple, config: dict | None
         block_r = max(16, next_pow2(r))
         ws = _workspace(h, blocks, conf["SPLITS"], block_r)
         args += [w_down, w_margin, b_margin, out.view(torch.uint8), ws, tickets, r, ng, w_down.stride(0)]
-        tiles["BLOCK_R_" + "AB"[k]], tiles["BLOCK_G_" + "AB"[k]] = block_r, _block_g(ng)
+        tiles["BLOCK_R_" + "AB"[k]], tiles["BLOCK_G_" + "AB"[k]] = block_r, _block_g(ng, conf["SERIAL"])
     prec = "ieee" if h.dtype == torch.float32 else "tf32"
     _router_pair_kernel[(1 if conf["SERIAL"] else conf["SPLITS"], blocks, 2)](
         h, *args, m, d, h.stride(0), PREC=prec, BLOCK_M=ROUTER_BLOCK_M, **tiles, **conf, **pdl_launch(h)
