@@ -131,3 +131,57 @@ def test_fused_decode_kernels_compile_for_sm90():
         for (c, _), r in multi.items()
     )
     assert all(r["cp_async"] > 0 for r in recs if r["kernel"] in ("qkv", "attn"))  # their weight / KV loops too
+
+
+_ROUTER = r"""
+import json, os, subprocess, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from wide.kernels import router as R
+
+TOOL = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+fn = R._router_kernel
+PTR = {"h_ptr": "*bf16", "wd_ptr": "*bf16", "out_ptr": "*u8", "cnt_ptr": "*i32"}
+out = []
+# Llama-3.1-8B's FFN router at G 32: D 4,096 (8 splits of D), rank 32, 448 groups; each schedule at both head steps
+for serial in (0, 1):
+    for block_g in (128, 512):
+        const = dict(PREC="tf32", BLOCK_M=R.ROUTER_BLOCK_M, BLOCK_R=32, BLOCK_D=128, BLOCK_G=block_g, SPLITS=8,
+                     OUT_MARGIN=False, HEAD_FIRST=1, SERIAL=serial, PDL=False)
+        sig = {a: "constexpr" if a in const else PTR.get(a, "*fp32" if a.endswith("_ptr") else "i32")
+               for a in fn.arg_names}
+        div = [i for i, a in enumerate(fn.arg_names) if sig[a][0] == "*" or a in ("D", "stride_hm", "stride_wd")]
+        src = triton.compiler.ASTSource(fn=fn, signature=sig,
+                                        constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
+                                        attrs={(i,): [["tt.divisibility", 16]] for i in div})
+        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
+        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as fh:
+            fh.write(k.asm["cubin"])
+        use = subprocess.run([TOOL, "--dump-resource-usage", fh.name], capture_output=True, text=True).stdout
+        os.unlink(fh.name)
+        line = next(x for x in use.splitlines() if "REG:" in x)
+        regs, stack = (int(line.split(key)[1].split()[0]) for key in ("REG:", "STACK:"))
+        out.append(dict(serial=serial, block_g=block_g, rule=R._block_g(448, serial) == block_g, regs=regs,
+                        stack=stack))
+print(json.dumps(out))
+"""
+
+
+def test_router_head_step_fits_each_schedule_sm90():
+    """The router's head step (``_block_g``) per schedule, as the sm_90 build allocates it: the serial schedule
+    (many rows) keeps 128-group steps, which need no stack and few enough registers for four 4-warp programs an SM;
+    a 512-group step needs about twice the registers (docs/kernels.md#fused-decode-layer). ``pytest -s`` prints the
+    registers and stack bytes of each schedule at 128 and 512 groups a step."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT / "src")
+    res = subprocess.run([sys.executable, "-c", _ROUTER], env=env, capture_output=True, text=True, timeout=600)
+    if res.returncode and ("GPUTarget" in res.stderr and "ImportError" in res.stderr or "cuobjdump" in res.stderr):
+        pytest.skip("this Triton has no NVIDIA backend or no cuobjdump")
+    assert res.returncode == 0, res.stderr[-3000:]
+    recs = json.loads(res.stdout.strip().splitlines()[-1])
+    for r in recs:
+        print(json.dumps(r))
+    by = {(r["serial"], r["block_g"]): r for r in recs}
+    assert by[1, 128]["rule"] and by[0, 512]["rule"] and not by[1, 512]["rule"]
+    assert by[1, 128]["stack"] == 0 and by[1, 128]["regs"] <= 128  # 4 programs x 128 threads x 128 <= 64K
+    assert by[1, 512]["regs"] > 1.5 * by[1, 128]["regs"]  # why the serial schedule does not take 512 a step
