@@ -90,6 +90,20 @@ def test_head_step_and_warps_are_bit_identical(launch, kernel_device):
     assert torch.equal(router_margin_kernel(h, w_down, w_margin, b_margin, config={**conf, **launch}), base)
 
 
+def test_forced_head_step_reaches_the_pair_and_is_checked(kernel_device):
+    """A config's BLOCK_G reaches both launches (single and pair) and changes no bit; a step that is not a power of
+    two >= 16 is a one-line error."""
+    a = _router(200, 32, 448, torch.float32, kernel_device)
+    b = _router(200, 16, 8, torch.float32, kernel_device, seed=4)
+    h = _hidden(19, 200, torch.float32, kernel_device)
+    conf = {"BLOCK_D": 32, "SPLITS": 4, "num_warps": 4}
+    pair = router_decisions_pair(h, a, b, config={**conf, "BLOCK_G": 128})
+    assert torch.equal(pair[0], router_decisions(h, *a, config=conf))
+    assert torch.equal(pair[1], router_decisions(h, *b, config=conf))
+    with pytest.raises(ValueError, match="BLOCK_G must be a power of two"):
+        router_margin_kernel(h, *a, config={**conf, "BLOCK_G": 100})
+
+
 @pytest.mark.parametrize("splits", [1, 4])
 @pytest.mark.parametrize("ng", [12, 130])
 def test_head_loaded_first_is_bit_identical(splits, ng, kernel_device):

@@ -63,8 +63,9 @@ def default_config(d: int, m: int = 1) -> dict:
     return {"BLOCK_D": 128, "SPLITS": splits, "num_warps": 4, "HEAD_FIRST": 1, "SERIAL": serial}
 
 
-def _block_g(ng: int, serial: int) -> int:
-    return min(max(16, next_pow2(ng)), MARGIN_MAX_BLOCK_G_SERIAL if serial else MARGIN_MAX_BLOCK_G)
+def _block_g(ng: int, serial: int, forced: int | None = None) -> int:
+    """The head's groups a step: ``forced`` (a config's BLOCK_G) or the schedule's rule."""
+    return forced or min(max(16, next_pow2(ng)), MARGIN_MAX_BLOCK_G_SERIAL if serial else MARGIN_MAX_BLOCK_G)
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -307,12 +308,16 @@ def _check_head(r: int, w_margin: torch.Tensor, b_margin: torch.Tensor) -> None:
         raise ValueError(f"router rank {r} > {MAX_RANK}")
 
 
-def _launch(m: int, d: int, config: dict | None) -> dict:
+def _launch(m: int, d: int, config: dict | None) -> tuple[dict, int | None]:
+    """The kernel's launch constants, and a forced head step (config's BLOCK_G) or None (``_block_g``'s rule)."""
     conf = {**default_config(d, m), **(config or {})}  # a partial config overrides the rule's keys
     splits = conf["SPLITS"]
     if splits < 1 or splits & (splits - 1):
         raise ValueError(f"SPLITS must be a power of two, got {splits}")
-    return conf
+    block_g = conf.pop("BLOCK_G", None)
+    if block_g is not None and (block_g < 16 or block_g & (block_g - 1)):
+        raise ValueError(f"BLOCK_G must be a power of two >= 16, got {block_g}")
+    return conf, block_g
 
 
 def _workspace(h: torch.Tensor, blocks: int, splits: int, block_r: int) -> torch.Tensor:
@@ -327,8 +332,8 @@ def _router_triton(h, w_down, w_margin, b_margin, config: dict | None, out_margi
     out = torch.empty(m, ng, dtype=torch.float32 if out_margin else torch.bool, device=h.device)
     if m == 0:
         return out
-    conf = _launch(m, d, config)
-    block_g = conf.pop("BLOCK_G", None) or _block_g(ng, conf["SERIAL"])  # the schedule, not the arithmetic
+    conf, forced_g = _launch(m, d, config)
+    block_g = _block_g(ng, conf["SERIAL"], forced_g)  # the schedule, not the arithmetic
     blocks = triton.cdiv(m, ROUTER_BLOCK_M)
     block_r = max(16, next_pow2(r))
     ws = _workspace(h, blocks, conf["SPLITS"], block_r)
@@ -349,7 +354,7 @@ def _router_pair_triton(h, router_a: tuple, router_b: tuple, config: dict | None
                  (router_a, router_b))  # fmt: skip
     if m == 0:
         return outs
-    conf = _launch(m, d, config)
+    conf, forced_g = _launch(m, d, config)
     blocks = triton.cdiv(m, ROUTER_BLOCK_M)
     cnt = tile_counters(h, 2 * blocks)  # router a's tickets, then router b's
     args, tiles = [], {}
@@ -360,7 +365,7 @@ def _router_pair_triton(h, router_a: tuple, router_b: tuple, config: dict | None
         block_r = max(16, next_pow2(r))
         ws = _workspace(h, blocks, conf["SPLITS"], block_r)
         args += [w_down, w_margin, b_margin, out.view(torch.uint8), ws, tickets, r, ng, w_down.stride(0)]
-        tiles["BLOCK_R_" + "AB"[k]], tiles["BLOCK_G_" + "AB"[k]] = block_r, _block_g(ng, conf["SERIAL"])
+        tiles["BLOCK_R_" + "AB"[k]], tiles["BLOCK_G_" + "AB"[k]] = block_r, _block_g(ng, conf["SERIAL"], forced_g)
     prec = "ieee" if h.dtype == torch.float32 else "tf32"
     _router_pair_kernel[(1 if conf["SERIAL"] else conf["SPLITS"], blocks, 2)](
         h, *args, m, d, h.stride(0), PREC=prec, BLOCK_M=ROUTER_BLOCK_M, **tiles, **conf, **pdl_launch(h)
