@@ -21,10 +21,25 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 triton = pytest.importorskip("triton")
 
-_COMPILE = r"""
-import json, sys
+# both subprocess scripts start with this: one sm_90 compile of a kernel as a launch would specialise it
+_SM90 = r"""
+import json, os, subprocess, sys, tempfile
 import triton
 from triton.backends.compiler import GPUTarget
+
+
+# fn compiled for sm_90: sig maps each runtime arg to its type, const the constexprs; the pointers and the args
+# named in div are 16-divisible (aligned pointers, widths and strides that are multiples of 16)
+def sm90(fn, sig, const, div, warps=4, stages=3):
+    sig = dict(sig) | {k: "constexpr" for k in const}
+    marked = [i for i, a in enumerate(fn.arg_names) if sig[a][0] == "*" or a in div]
+    src = triton.compiler.ASTSource(fn=fn, signature=sig,
+                                    constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
+                                    attrs={(i,): [["tt.divisibility", 16]] for i in marked})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+"""
+
+_COMPILE = r"""
 from wide.kernels import fused_decode as FD
 
 BF, F32, I32, U8 = "*bf16", "*fp32", "*i32", "*u8"
@@ -52,12 +67,7 @@ DIV = {"D", "K", "G", "K_CHUNK", "DF", "s_kb", "s_ks", "s_kh", "s_vb", "s_vs", "
 def build(name, fn, args, const, stages=3, warps=4, **rec):
     runtime = [a for a in fn.arg_names if a not in const]
     assert len(runtime) == len(args), (name, runtime)
-    sig = dict(zip(runtime, args)) | {k: "constexpr" for k in const}
-    div = [i for i, a in enumerate(fn.arg_names) if sig[a][0] == "*" or a in DIV]
-    src = triton.compiler.ASTSource(fn=fn, signature=sig,
-                                    constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
-                                    attrs={(i,): [["tt.divisibility", 16]] for i in div})
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    k = sm90(fn, dict(zip(runtime, args)), const, DIV, warps, stages)
     ptx = k.asm["ptx"]
     out.append(dict(kernel=name, **rec, stages=stages, shared=k.metadata.shared, ptx_lines=ptx.count("\n"),
                     mma="mma" in ptx, cp_async=ptx.count("cp.async.c")))
@@ -91,7 +101,7 @@ print(json.dumps(out))
 def test_fused_decode_kernels_compile_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT / "src")
-    res = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=900)
+    res = subprocess.run([sys.executable, "-c", _SM90 + _COMPILE], env=env, capture_output=True, text=True, timeout=900)
     if res.returncode and "GPUTarget" in res.stderr and "ImportError" in res.stderr:
         pytest.skip("this Triton has no NVIDIA backend")
     assert res.returncode == 0, res.stderr[-3000:]
@@ -134,9 +144,6 @@ def test_fused_decode_kernels_compile_for_sm90():
 
 
 _ROUTER = r"""
-import json, os, subprocess, tempfile
-import triton
-from triton.backends.compiler import GPUTarget
 from wide.kernels import router as R
 
 TOOL = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -148,13 +155,8 @@ for serial in (0, 1):
     for block_g in (128, 512):
         const = dict(PREC="tf32", BLOCK_M=R.ROUTER_BLOCK_M, BLOCK_R=32, BLOCK_D=128, BLOCK_G=block_g, SPLITS=8,
                      OUT_MARGIN=False, HEAD_FIRST=1, SERIAL=serial, PDL=False)
-        sig = {a: "constexpr" if a in const else PTR.get(a, "*fp32" if a.endswith("_ptr") else "i32")
-               for a in fn.arg_names}
-        div = [i for i, a in enumerate(fn.arg_names) if sig[a][0] == "*" or a in ("D", "stride_hm", "stride_wd")]
-        src = triton.compiler.ASTSource(fn=fn, signature=sig,
-                                        constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
-                                        attrs={(i,): [["tt.divisibility", 16]] for i in div})
-        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
+        sig = {a: PTR.get(a, "*fp32" if a.endswith("_ptr") else "i32") for a in fn.arg_names if a not in const}
+        k = sm90(fn, sig, const, ("D", "stride_hm", "stride_wd"))
         with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as fh:
             fh.write(k.asm["cubin"])
         use = subprocess.run([TOOL, "--dump-resource-usage", fh.name], capture_output=True, text=True).stdout
@@ -174,7 +176,7 @@ def test_router_head_step_fits_each_schedule_sm90():
     registers and stack bytes of each schedule at 128 and 512 groups a step."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT / "src")
-    res = subprocess.run([sys.executable, "-c", _ROUTER], env=env, capture_output=True, text=True, timeout=600)
+    res = subprocess.run([sys.executable, "-c", _SM90 + _ROUTER], env=env, capture_output=True, text=True, timeout=600)
     if res.returncode and ("GPUTarget" in res.stderr and "ImportError" in res.stderr or "cuobjdump" in res.stderr):
         pytest.skip("this Triton has no NVIDIA backend or no cuobjdump")
     assert res.returncode == 0, res.stderr[-3000:]
