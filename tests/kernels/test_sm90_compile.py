@@ -171,9 +171,10 @@ print(json.dumps(out))
 
 def test_router_head_step_fits_each_schedule_sm90():
     """The router's head step (``_block_g``) per schedule, as the sm_90 build allocates it: the serial schedule
-    (many rows) keeps 128-group steps, which need no stack and few enough registers for four 4-warp programs an SM;
-    a 512-group step needs about twice the registers (docs/kernels.md#fused-decode-layer). ``pytest -s`` prints the
-    registers and stack bytes of each schedule at 128 and 512 groups a step."""
+    (many rows) keeps 128-group steps, which need no stack and leave an SM room for more 4-warp programs than a
+    512-group step's registers do (docs/kernels.md#fused-decode-layer; the register counts move with the Triton
+    release, the order does not). ``pytest -s`` prints the registers and stack bytes of each schedule at 128 and 512
+    groups a step."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT / "src")
     res = subprocess.run([sys.executable, "-c", _SM90 + _ROUTER], env=env, capture_output=True, text=True, timeout=600)
@@ -185,5 +186,11 @@ def test_router_head_step_fits_each_schedule_sm90():
         print(json.dumps(r))
     by = {(r["serial"], r["block_g"]): r for r in recs}
     assert by[1, 128]["rule"] and by[0, 512]["rule"] and not by[1, 512]["rule"]
-    assert by[1, 128]["stack"] == 0 and by[1, 128]["regs"] <= 128  # 4 programs x 128 threads x 128 <= 64K
-    assert by[1, 512]["regs"] > 1.5 * by[1, 128]["regs"]  # why the serial schedule does not take 512 a step
+
+    def programs_per_sm(regs: int) -> int:  # 64K registers an SM, a 4-warp program's threads in units of 8
+        return 65536 // (128 * -(-regs // 8) * 8)
+
+    assert by[1, 128]["stack"] == 0
+    # why the serial schedule does not take 512 a step: about twice the registers, fewer programs an SM
+    assert by[1, 512]["regs"] > 1.5 * by[1, 128]["regs"]
+    assert programs_per_sm(by[1, 128]["regs"]) > programs_per_sm(by[1, 512]["regs"])
