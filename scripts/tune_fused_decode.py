@@ -306,6 +306,7 @@ def main() -> None:
 
     def write() -> None:
         meta["wall_s"] = time.time() - t0
+        os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "fused-tune-h200.json"), "w") as fh:
             json.dump({"meta": meta, "records": rows}, fh, indent=1)
         best: dict[tuple, dict] = {}
