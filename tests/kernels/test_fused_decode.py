@@ -205,9 +205,11 @@ def test_down_step_rule():
     assert FD.down_step(32, 448, 4, 256, 128) == (32, 4)  # 8B, G 32: splits start at groups 0 / 112 / 224 / 336
     assert FD.down_step(32, 448, 4, 256, 256) == (32, 8)
     assert FD.down_step(32, 448, 4, 256, FD.NARROW_DOWN_SPAN) == (32, 4)  # 8B, G 32 at the rule
-    assert FD.down_step(32, 448, 4, 256, 512) == (32, 16)
-    assert FD.down_step(16, 448, 1, 256, 512) == (16, 32)
-    assert FD.down_step(32, 448, 8, 256, 512) == (32, 8)  # splits start at multiples of 56 groups
+    assert FD.down_step(32, 448, 4, 256, 512) == (32, 8)  # 16 run bits would not fit below a 512-column step
+    assert FD.down_step(16, 448, 1, 256, 512) == (16, 4)  # 8 bits would not fit below 128 columns
+    for g, span in ((16, 1024), (32, 1024), (64, 1024), (8, 64)):  # the run bits fit below the step's first column
+        bkd, sub = FD.down_step(g, 448, 1, 256, span)
+        assert sub == 1 or 2**sub <= bkd * sub, (g, span)
     assert FD.down_step(32, 5, 4, 128, 128) == (32, 1)  # splits start at groups 1, 2, 3
     assert FD.down_step(32, 5, 2, 64, 64) == (32, 2)  # splits start at groups 0, 2
     assert FD.down_step(48, 300, 4, 256, 128) == (16, 1)  # a step inside a group
@@ -232,8 +234,8 @@ def test_rejects_bad_input():
 @pytest.mark.gpu
 @pytest.mark.parametrize("b", [1, 3, 16])
 @pytest.mark.parametrize("mode", ["all", "random", "none"])
-# span None: the rule (G 32: four groups a down step); 32: one group a step; 256 / 512: eight / sixteen
-@pytest.mark.parametrize(("g", "span"), [(128, None), (32, None), (32, 32), (32, 256), (32, 512)])
+# span None: the rule (G 32: four groups a down step); 32: one group a step; 256: eight, the most that fit
+@pytest.mark.parametrize(("g", "span"), [(128, None), (32, None), (32, 32), (32, 256)])
 def test_ffn_bf16_rule_on_gpu(b, mode, g, span):
     torch.manual_seed(b)
     dm, df = 4096, 14336
@@ -364,8 +366,8 @@ def test_compacted_k_loops_read_the_same_bits(kernel_device, mode, b):
     wg[off], wu[off], wd[:, off] = float("nan"), float("nan"), float("nan")
     args = _to(kernel_device, h, wg, wu, wd, mask, x, nw)
     xr, hr = FD.ffn_residual_norm_ref(h, wg.nan_to_num(), wu.nan_to_num(), wd.nan_to_num(), mask, x, nw, 1e-5)
-    # down_span: two groups a down step (2 splits), four (1 split: the last step past the last group), sixteen (more
-    # than the five groups: one step)
+    # down_span: two groups a down step (2 splits), four (1 split: the last step past the last group), eight (the
+    # most whose run bits fit below a step's first column: 512 asks for sixteen)
     for shapes in ({}, {"ffn_splits": 2}, {"down_block_k": 16, "down_stages": 2}, {"ffn_splits": 2, "down_span": 64},
                    {"ffn_splits": 1, "down_span": 128}, {"ffn_splits": 1, "down_span": 512}):  # fmt: skip
         with FD.launch_overrides(compact_k=0, **shapes):
@@ -393,10 +395,11 @@ def test_compacted_k_loops_read_the_same_bits(kernel_device, mode, b):
             assert torch.equal(out[0], base[0]) and torch.equal(out[1], base[1]), (hq, hk, shapes)
 
 
-def test_down_steps_of_many_groups_read_only_running_groups(kernel_device):
-    """Seventeen 32-column groups, sixteen of them run by every token, the down loop taking 8 or 16 groups a step
-    (the predicated loop: adjacent groups; the list-driven one: the next running groups, so 16 a step is one trip).
-    The result equals the reference and the predicated loop's bits; the group no token runs is poisoned with NaN."""
+def test_down_steps_of_many_groups_keep_their_run_bits(kernel_device):
+    """Seventeen 32-column groups, sixteen of them run by every token: a compacted down step of SUB groups carries
+    SUB run bits below its first column, so ``down_step`` gathers no more groups than fit (a 512-column span asks
+    for 16 and gets 8). The result equals the reference and the predicated loop's bits; the groups no token runs are
+    poisoned with NaN."""
     torch.manual_seed(11)
     b, dm, df, g = 3, 40, 544, 32  # 17 groups: the last step holds one group
     h, x, nw = torch.randn(b, dm), torch.randn(b, dm), torch.rand(dm) + 0.5

@@ -263,45 +263,44 @@ if HAS_TRITON:
         reading no column of a group no token runs. A step is SUB sub-steps of BLOCK_K columns; BLOCK_K divides
         the group width G (SUB > 1: equals it) and k_lo is a multiple of the step, so a sub-step lies in one
         group and its predicate is one scalar (the loads stay vectorised and the loop pipelined). COMPACT
-        (routed): the first columns of the sub-steps whose group some token runs go to this program's list
-        (list_ptr, NS_P >= the range's sub-step count) and the loop visits those only, in K order, SUB of them a
-        step (SUB > 1: the next SUB running groups, wherever they lie); the skipped sub-steps add exact zeros
-        otherwise, so both loops give the same bits. STAGES: the loop's own pipeline depth (None: the kernel's
-        num_stages). Several groups a step keep narrow groups' loop as short as wide ones'
-        (docs/kernels.md#fused-decode-layer)."""
+        (routed): the first columns of the steps where some token runs some group go to this program's list
+        (list_ptr, NS_P >= the range's step count; SUB > 1: plus, in the low bits, which of its groups run) and
+        the loop visits those only, in K order; the skipped (sub-)steps add exact zeros otherwise, so both loops
+        give the same bits. STAGES: the loop's own pipeline depth (None: the kernel's num_stages). Several
+        groups a step keep narrow groups' loop as short as wide ones' (docs/kernels.md#fused-decode-layer)."""
         STEP: tl.constexpr = BLOCK_K * SUB
-        if ROUTED and COMPACT and SUB > 1:  # whole groups (BLOCK_K == G): a list of the running groups' columns
-            k_g = k_lo + tl.arange(0, NS_P) * BLOCK_K  # [NS_P] each group's first column
-            in_g = k_g < k_hi
-            run = tl.load(mask_ptr + offs_m[:, None] * NG + (k_g // G)[None, :], mask=in_m[:, None] & in_g[None, :],
-                          other=0)  # fmt: skip
-            used = (tl.max(run.to(tl.int32), 0) > 0) & in_g
-            slot = tl.where(used, tl.cumsum(used.to(tl.int32), 0) - 1, -1)  # [NS_P] rank among the running groups
-            tl.store(list_ptr + slot, k_g, mask=used)
-            tl.debug_barrier()  # the list, written by the program's threads, is read by all of them
-            n_act = tl.sum(used.to(tl.int32), 0)
-            for t in tl.range(0, tl.cdiv(n_act, SUB), num_stages=STAGES):
-                for i in tl.static_range(SUB):
-                    live = t * SUB + i < n_act  # the last step's sub-steps past the list read nothing
-                    e = tl.load(list_ptr + t * SUB + i, mask=live, other=k_lo)
-                    acc = _k_step(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, tl.multiple_of(e, BLOCK_K), k_hi,
-                                  K, live, True, BLOCK_K, PREC, CG)  # fmt: skip
-        elif ROUTED and COMPACT:
-            k_s = k_lo + tl.arange(0, NS_P) * BLOCK_K  # [NS_P] each step's first column (SUB == 1)
+        tl.static_assert((1 << SUB) <= STEP, "a step's run bits must fit below its first column (down_step)")
+        if ROUTED and COMPACT:
+            offs_s = tl.arange(0, NS_P)
+            k_s = k_lo + offs_s * STEP  # [NS_P] each step's first column
             in_s = k_s < k_hi
-            run = tl.load(mask_ptr + offs_m[:, None] * NG + (k_s // G)[None, :], mask=in_m[:, None] & in_s[None, :],
-                          other=0)  # fmt: skip
-            used = (tl.max(run.to(tl.int32), 0) > 0) & in_s
+            bits = tl.zeros([NS_P], tl.int32)  # bit i: some token runs sub-step i's group
+            for i in tl.static_range(SUB):
+                k_i = k_s + i * BLOCK_K
+                run = tl.load(mask_ptr + offs_m[:, None] * NG + (k_i // G)[None, :],
+                              mask=in_m[:, None] & (k_i < k_hi)[None, :], other=0)  # fmt: skip
+                bits = bits | ((tl.max(run.to(tl.int32), 0) > 0).to(tl.int32) << i)
+            used = (bits > 0) & in_s
             slot = tl.where(used, tl.cumsum(used.to(tl.int32), 0) - 1, -1)  # [NS_P] rank among the used steps
-            tl.store(list_ptr + slot, k_s, mask=used)
+            entry = k_s
+            if SUB > 1:
+                entry = k_s + bits  # bits < 2**SUB <= STEP: the step's first column keeps them apart
+            tl.store(list_ptr + slot, entry, mask=used)
             tl.debug_barrier()  # the list, written by the program's threads, is read by all of them
             n_act = tl.sum(used.to(tl.int32), 0)
             # a listed column is a multiple of the step: said so, the compiler can prove the loads' alignment and
             # software-pipeline the loop as it does the predicated one (docs/kernels.md#fused-decode-layer)
             for t in tl.range(0, n_act, num_stages=STAGES):
-                k0 = tl.multiple_of(tl.load(list_ptr + t), BLOCK_K)
-                acc = _k_step(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k0, k_hi, K, 0, False, BLOCK_K, PREC,
-                              CG)  # fmt: skip
+                e = tl.load(list_ptr + t)
+                if SUB == 1:
+                    k0 = tl.multiple_of(e, BLOCK_K)
+                    acc = _k_step(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k0, k_hi, K, 0, False, BLOCK_K,
+                                  PREC, CG)  # fmt: skip
+                else:
+                    k0 = tl.multiple_of((e // STEP) * STEP, STEP)
+                    for i in tl.static_range(SUB):
+                        acc = _k_step(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k0 + i * BLOCK_K, k_hi, K,
+                                      (e >> i) & 1, True, BLOCK_K, PREC, CG)  # fmt: skip
         else:
             for k0 in tl.range(k_lo, k_hi, STEP, num_stages=STAGES):
                 for i in tl.static_range(SUB):
@@ -820,13 +819,18 @@ def ffn_chunk(group: int, n_groups: int, sms: int) -> int:
 def down_step(group: int, n_groups: int, splits: int, step: int, span: int) -> tuple[int, int]:
     """(BLOCK_KD, SUB) of the FFN's down-projection loop: sub-steps of the group's largest power-of-two divisor
     <= step, and SUB > 1 whole groups a step, up to ``span`` columns (0: one group), where every K split starts
-    on a step (split s starts at group s * n_groups // splits: the predicated loop's steps are SUB adjacent
-    groups; the list-driven one takes the next SUB running groups). Narrow groups then take as few loop trips as
+    on a step (split s starts at group s * n_groups // splits) and the step's SUB run bits fit below its first
+    column (2**SUB <= the step's columns: at most 8 groups of 32 a step). Narrow groups then take as few loop trips as
     ``span``-wide ones and read the same bytes (docs/kernels.md#fused-decode-layer)."""
     bkd = largest_pow2_divisor(group, step)
     sub = 1
     if bkd == group:
-        while bkd * sub * 2 <= span and all(s * n_groups // splits % (sub * 2) == 0 for s in range(splits)):
+        # a list entry is the step's first column (a multiple of bkd * sub) plus SUB run bits: 2**SUB <= bkd * sub
+        while (
+            bkd * sub * 2 <= span
+            and 2 ** (sub * 2) <= bkd * sub * 2
+            and all(s * n_groups // splits % (sub * 2) == 0 for s in range(splits))
+        ):
             sub *= 2
     return bkd, sub
 
@@ -1024,7 +1028,7 @@ def _ffn_op(
     tiles = triton.cdiv(d, bn)
     ks = _ov("ffn_splits", k_splits(tiles, ng, _sms(h)))
     bkd, sub = down_step(group, ng, ks, _ov("down_block_k", bk), _ov("down_span", NARROW_DOWN_SPAN))
-    compact, ns_p = _compact(mask, triton.cdiv(ng, ks) * (group // bkd))  # the list: sub-steps (SUB > 1: groups)
+    compact, ns_p = _compact(mask, triton.cdiv(triton.cdiv(ng, ks) * (group // bkd), sub))
     a = torch.empty(b, df, dtype=h.dtype, device=h.device)
     xo, hn = torch.empty_like(x), torch.empty_like(x)
     ss = torch.empty(tiles * BLOCK_M, dtype=torch.float32, device=h.device)
