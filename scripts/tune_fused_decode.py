@@ -40,6 +40,7 @@ from wide.kernels.router import default_config, router_margin_kernel, router_mar
 D, HQ, HK, HD, DF, G, CTX, RANK = 4096, 32, 8, 128, 14336, 128, 4096, 32
 DEV, DTYPE = "cuda", torch.bfloat16
 SKIP = 0.5  # --skip: the probability that a token skips a group in the routed cases
+SKIP_RUN = 1  # --skip-run: adjacent groups skipped or kept together (1: each group on its own)
 # --smoke: the interpreter on a CPU, in fp32 (the interpreter's bf16 arithmetic is not the GPU's)
 SMOKE = dict(D=128, HQ=4, HK=2, HD=32, DF=256, G=32, CTX=96, RANK=8, DEV="cpu", DTYPE=torch.float32)
 
@@ -92,7 +93,8 @@ def err_ok(out: torch.Tensor, ref32: torch.Tensor, ref_bf16: torch.Tensor) -> tu
 def rand_mask(b: int, ng: int, routed: bool, gen: torch.Generator) -> torch.Tensor | None:
     if not routed:
         return None
-    return (torch.rand(b, ng, generator=gen) >= SKIP).to(DEV)
+    run = torch.rand(b, -(-ng // SKIP_RUN), generator=gen) >= SKIP  # [B, runs of SKIP_RUN groups]
+    return run.repeat_interleave(SKIP_RUN, dim=1)[:, :ng].contiguous().to(DEV)
 
 
 def qkv_case(b: int, routed: bool, gen: torch.Generator):
@@ -284,6 +286,8 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=240.0)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (TRITON_INTERPRET=1)")
     ap.add_argument("--skip", type=float, default=SKIP, help="routed cases: the probability a token skips a group")
+    ap.add_argument("--skip-run", type=int, default=SKIP_RUN, help="routed cases: adjacent groups a token skips or "
+                    "runs together (the skip pattern of wider groups at the same group size)")  # fmt: skip
     ap.add_argument("--ffn-group-size", type=int, default=None, help=f"FFN channels per group (default {G}; "
                     "--smoke: its own)")  # fmt: skip
     ap.add_argument("--once", action="store_true", help="each configuration runs once, checked, not timed (for a "
@@ -293,7 +297,9 @@ def main() -> None:
     args = ap.parse_args()
     if not 0.0 <= args.skip <= 1.0:
         ap.error(f"--skip must be in [0, 1], got {args.skip}")
-    globals().update(SKIP=args.skip, **(SMOKE if args.smoke else {}))
+    if args.skip_run < 1:
+        ap.error(f"--skip-run must be >= 1, got {args.skip_run}")
+    globals().update(SKIP=args.skip, SKIP_RUN=args.skip_run, **(SMOKE if args.smoke else {}))
     if args.ffn_group_size is not None:
         if args.ffn_group_size <= 0 or DF % args.ffn_group_size:
             ap.error(f"--ffn-group-size must divide the FFN width {DF}, got {args.ffn_group_size}")
@@ -334,8 +340,8 @@ def main() -> None:
         call, n_copies, check, nbytes, _, dense_bytes = case
         if time.time() - t0 > args.budget_s:
             return None
-        rec = {"kernel": name, "B": b, "routed": routed, "skip": SKIP if routed else 0.0, "tune": cfg, "bytes": nbytes,
-               "cublas_ms": cublas_ms,
+        rec = {"kernel": name, "B": b, "routed": routed, "skip": SKIP if routed else 0.0, "skip_run": SKIP_RUN,
+               "tune": cfg, "bytes": nbytes, "cublas_ms": cublas_ms,
                "cublas_tb_per_s": dense_bytes / (cublas_ms * 1e-3) / 1e12 if cublas_ms else None}  # fmt: skip
         _ROUTER_CONFIG.clear()
         if name == "router":

@@ -73,3 +73,25 @@ def test_ffn_group_size_sets_the_groups(tmp_path):
     bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "tune_fused_decode.py"), "--smoke",
                           "--ffn-group-size", "100"], env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert bad.returncode == 2 and "--ffn-group-size must divide the FFN width 256" in bad.stderr
+
+
+def test_skip_run_decides_adjacent_groups_together():
+    """--skip-run N: a token skips or runs each run of N adjacent groups as one (a wider group's pattern at the same
+    group size; the last run may be shorter); below 1 it is a one-line error."""
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("tune_fused_decode", ROOT / "scripts" / "tune_fused_decode.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.SKIP, mod.SKIP_RUN, mod.DEV = 0.5, 4, "cpu"  # as --smoke sets them on a CPU
+    m = mod.rand_mask(3, 10, True, torch.Generator().manual_seed(0)).cpu()
+    assert m.shape == (3, 10) and m.dtype == torch.bool
+    runs = m[:, :8].reshape(3, 2, 4)
+    assert (runs == runs[..., :1]).all() and (m[:, 8:] == m[:, 8:9]).all()
+    assert m.any() and not m.all()  # seed 0 draws both outcomes
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT / "src"))
+    bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "tune_fused_decode.py"), "--smoke", "--skip-run", "0"],
+                         env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert bad.returncode == 2 and "--skip-run must be >= 1" in bad.stderr
