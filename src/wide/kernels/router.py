@@ -44,7 +44,7 @@ if HAS_TRITON:
 ROUTER_BLOCK_M = 16  # rows per program, for every M (the row arithmetic must not depend on M)
 # groups per step of the margin head; any width gives the same bits (docs/kernels.md#fused-decode-layer). Split
 # schedule (few rows: decode): up to 512, one step; serial schedule (many rows): 128, whose registers let an SM
-# hold twice the programs
+# hold more programs
 MARGIN_MAX_BLOCK_G = 512
 MARGIN_MAX_BLOCK_G_SERIAL = 128
 MAX_RANK = 128
