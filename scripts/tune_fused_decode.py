@@ -41,7 +41,6 @@ D, HQ, HK, HD, DF, G, CTX, RANK = 4096, 32, 8, 128, 14336, 128, 4096, 32
 DEV, DTYPE = "cuda", torch.bfloat16
 SKIP = 0.5  # --skip: the probability that a token skips a group in the routed cases
 SKIP_RUN = 1  # --skip-run: adjacent groups skipped or kept together (1: each group on its own)
-DOWN_LAYOUT = "row"  # --down-layout: how the fused FFN kernel reads W_down
 # --smoke: the interpreter on a CPU, in fp32 (the interpreter's bf16 arithmetic is not the GPU's)
 SMOKE = dict(D=128, HQ=4, HK=2, HD=32, DF=256, G=32, CTX=96, RANK=8, DEV="cpu", DTYPE=torch.float32)
 
@@ -161,10 +160,9 @@ def ffn_case(b: int, routed: bool, gen: torch.Generator):
     x = torch.randn(b, D, device=DEV, dtype=DTYPE)
     nw = torch.rand(D, device=DEV, dtype=DTYPE) + 0.5
     a = torch.randn(b, DF, device=DEV, dtype=DTYPE)
-    wd_k = FD.group_major_down(wd, G) if DOWN_LAYOUT == "group" else wd  # what the kernel reads
 
     def call(i: int):
-        return FD.ffn_residual_norm(h, wg, wu, wd_k, mask, x, nw, 1e-5, G)
+        return FD.ffn_residual_norm(h, wg, wu, wd, mask, x, nw, 1e-5, G)
 
     def check(out):
         f32 = [t.float() for t in (h, wg, wu, wd)]
@@ -292,8 +290,6 @@ def main() -> None:
                     "runs together (the skip pattern of wider groups at the same group size)")  # fmt: skip
     ap.add_argument("--ffn-group-size", type=int, default=None, help=f"FFN channels per group (default {G}; "
                     "--smoke: its own)")  # fmt: skip
-    ap.add_argument("--down-layout", choices=("row", "group"), default=DOWN_LAYOUT, help="the fused FFN's W_down "
-                    "as the model stores it, [D, D'], or group-major, [D'/G, D, G]")  # fmt: skip
     ap.add_argument("--once", action="store_true", help="each configuration runs once, checked, not timed (for a "
                     "profiler such as ncu, scripts/device/decode.sh NCU_S)")  # fmt: skip
     ap.add_argument("--grid", default=None, help="a JSON list of overrides that replaces every kernel's grid "
@@ -303,7 +299,7 @@ def main() -> None:
         ap.error(f"--skip must be in [0, 1], got {args.skip}")
     if args.skip_run < 1:
         ap.error(f"--skip-run must be >= 1, got {args.skip_run}")
-    globals().update(SKIP=args.skip, SKIP_RUN=args.skip_run, DOWN_LAYOUT=args.down_layout, **(SMOKE if args.smoke else {}))
+    globals().update(SKIP=args.skip, SKIP_RUN=args.skip_run, **(SMOKE if args.smoke else {}))
     if args.ffn_group_size is not None:
         if args.ffn_group_size <= 0 or DF % args.ffn_group_size:
             ap.error(f"--ffn-group-size must divide the FFN width {DF}, got {args.ffn_group_size}")
@@ -345,7 +341,7 @@ def main() -> None:
         if time.time() - t0 > args.budget_s:
             return None
         rec = {"kernel": name, "B": b, "routed": routed, "skip": SKIP if routed else 0.0, "skip_run": SKIP_RUN,
-               "down_layout": DOWN_LAYOUT, "tune": cfg, "bytes": nbytes, "cublas_ms": cublas_ms,
+               "tune": cfg, "bytes": nbytes, "cublas_ms": cublas_ms,
                "cublas_tb_per_s": dense_bytes / (cublas_ms * 1e-3) / 1e12 if cublas_ms else None}  # fmt: skip
         _ROUTER_CONFIG.clear()
         if name == "router":

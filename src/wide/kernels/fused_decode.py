@@ -140,18 +140,6 @@ _LOG2E = 1.4426950408889634
 # --------------------------------------------------------------------------------------------------
 # Torch references (the semantics, in the order torch computes them)
 # --------------------------------------------------------------------------------------------------
-def group_major_down(w_down: torch.Tensor, group: int) -> torch.Tensor:
-    """w_down [D, D'] -> [D' / group, D, group]: each group's columns one contiguous block."""
-    d, df = w_down.shape
-    return w_down.view(d, df // group, group).transpose(0, 1).contiguous()
-
-
-def row_major_down(w_gm: torch.Tensor) -> torch.Tensor:
-    """The inverse of ``group_major_down``: [NG, D, G] -> [D, NG G]."""
-    ng, d, g = w_gm.shape
-    return w_gm.transpose(0, 1).reshape(d, ng * g)
-
-
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Llama RMSNorm as the Hugging Face module computes it (the runtime's norm): fp32 inside, x's dtype
     out, times the weight."""
@@ -226,8 +214,6 @@ def ffn_residual_norm_ref(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """h, x [B, D]; mask [B, G] bool or None (dense) -> (x + down(silu(gate h) * up h) (+ bias [D], added
     after the projection's rounding) with the channels of skipped groups zero, rms_norm of it)."""
-    if w_down.dim() == 3:  # group-major [NG, D, G]
-        w_down = row_major_down(w_down)
     a = F.silu(F.linear(h, w_gate)) * F.linear(h, w_up)  # [B, D']
     if mask is not None:
         a = a * mask.repeat_interleave(w_gate.shape[0] // mask.shape[1], dim=-1).to(a.dtype)
@@ -251,11 +237,10 @@ if HAS_TRITON:
         return tl.max(m.to(tl.int32), 0) > 0
 
     @triton.jit
-    def _k_step(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k0, k_hi, K, run, G, GS, PRED: tl.constexpr,
-                BLOCK_K: tl.constexpr, PREC: tl.constexpr, CG: tl.constexpr, GM: tl.constexpr):  # fmt: skip
+    def _k_step(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k0, k_hi, K, run, PRED: tl.constexpr,
+                BLOCK_K: tl.constexpr, PREC: tl.constexpr, CG: tl.constexpr):  # fmt: skip
         """acc += a[:, k0:k0+BLOCK_K] W[n, k0:k0+BLOCK_K]^T, columns >= k_hi as 0; PRED: every column as 0 unless
-        the scalar run is true (loads predicated off read nothing). GM: W is stored group-major, [K / G, N, G]
-        (GS = N G elements a group), and the step lies in one group."""
+        the scalar run is true (loads predicated off read nothing)."""
         offs_k = k0 + tl.arange(0, BLOCK_K)
         in_k = offs_k < k_hi
         if PRED:
@@ -265,19 +250,15 @@ if HAS_TRITON:
             a = tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=am, other=0.0, cache_modifier=".cg")
         else:
             a = tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=am, other=0.0)
-        if GM:
-            g0 = k0 // G
-            w_off = g0.to(tl.int64) * GS + (k0 - g0 * G) + offs_n[:, None] * G + tl.arange(0, BLOCK_K)[None, :]
-        else:
-            w_off = offs_n.to(tl.int64)[:, None] * K + offs_k[None, :]
-        w = tl.load(w_ptr + w_off, mask=in_n[:, None] & in_k[None, :], other=0.0)
+        w = tl.load(w_ptr + offs_n.to(tl.int64)[:, None] * K + offs_k[None, :], mask=in_n[:, None] & in_k[None, :],
+                    other=0.0)  # fmt: skip
         return tl.dot(a, tl.trans(w), acc, input_precision=PREC)
 
     @triton.jit
     def _routed_k_loop(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k_lo, k_hi, K, mask_ptr, B, NG, G, list_ptr,
-                       GS, ROUTED: tl.constexpr, BM: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr,
+                       ROUTED: tl.constexpr, BM: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr,
                        CG: tl.constexpr, COMPACT: tl.constexpr, NS_P: tl.constexpr, STAGES: tl.constexpr,
-                       SUB: tl.constexpr, GM: tl.constexpr):  # fmt: skip
+                       SUB: tl.constexpr):  # fmt: skip
         """acc [BM, BLOCK_N] += a[:, k] W[n, k]^T for k in [k_lo, k_hi) (a: [B, K], W: [N, K], row-major),
         reading no column of a group no token runs. A step is SUB sub-steps of BLOCK_K columns; BLOCK_K divides
         the group width G (SUB > 1: equals it) and k_lo is a multiple of the step, so a sub-step lies in one
@@ -313,13 +294,13 @@ if HAS_TRITON:
                 e = tl.load(list_ptr + t)
                 if SUB == 1:
                     k0 = tl.multiple_of(e, BLOCK_K)
-                    acc = _k_step(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k0, k_hi, K, 0, G, GS, False,
-                                  BLOCK_K, PREC, CG, GM)  # fmt: skip
+                    acc = _k_step(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k0, k_hi, K, 0, False, BLOCK_K,
+                                  PREC, CG)  # fmt: skip
                 else:
                     k0 = tl.multiple_of((e // STEP) * STEP, STEP)
                     for i in tl.static_range(SUB):
                         acc = _k_step(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k0 + i * BLOCK_K, k_hi, K,
-                                      (e >> i) & 1, G, GS, True, BLOCK_K, PREC, CG, GM)  # fmt: skip
+                                      (e >> i) & 1, True, BLOCK_K, PREC, CG)  # fmt: skip
         else:
             for k0 in tl.range(k_lo, k_hi, STEP, num_stages=STAGES):
                 for i in tl.static_range(SUB):
@@ -330,7 +311,7 @@ if HAS_TRITON:
                             g = tl.minimum(g, NG - 1)
                         run = _any_row(mask_ptr, g, B, NG, BM)
                     acc = _k_step(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k0 + i * BLOCK_K, k_hi, K, run,
-                                  G, GS, ROUTED, BLOCK_K, PREC, CG, GM)  # fmt: skip
+                                  ROUTED, BLOCK_K, PREC, CG)  # fmt: skip
         return acc
 
     @triton.jit
@@ -625,8 +606,8 @@ if HAS_TRITON:
         in_n = offs_n < D
         acc = tl.zeros([BM, BLOCK_N], tl.float32)
         acc = _routed_k_loop(acc, o_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k_lo, tl.minimum(k_lo + K_CHUNK, K), K,
-                             mask_ptr, B, NG, G, list_ptr + pid * NS_P, 0, ROUTED, BM, BLOCK_K, PREC, False, COMPACT,
-                             NS_P, None, 1, False)  # fmt: skip
+                             mask_ptr, B, NG, G, list_ptr + pid * NS_P, ROUTED, BM, BLOCK_K, PREC, False, COMPACT,
+                             NS_P, None, 1)  # fmt: skip
         last = True
         if KS > 1:
             last, acc = _split_k_sum(acc, part_ptr, cnt_ptr, tile, n_tiles, pid % KS, KS, BM, BLOCK_N)
@@ -677,7 +658,6 @@ if HAS_TRITON:
         BLOCK_N: tl.constexpr, BLOCK_KD: tl.constexpr, T_P: tl.constexpr, RB: tl.constexpr, NB: tl.constexpr,
         PREC: tl.constexpr, COMPACT: tl.constexpr, NS_P: tl.constexpr, DSTAGES: tl.constexpr, PDL: tl.constexpr,
         SUB: tl.constexpr,  # groups per down-projection K step (BLOCK_KD = G when > 1)
-        WD_GM: tl.constexpr,  # wd stored group-major, [NG, D, G]
     ):  # fmt: skip
         pdl_begin(PDL)
         n_prod = NG * CPG
@@ -727,8 +707,8 @@ if HAS_TRITON:
             _wait_for(cnt_ptr + 1 + s, (g_hi - g_lo) * CPG)  # only this split's producers (earlier tickets)
             acc = tl.zeros([BM, BLOCK_N], tl.float32)
             acc = _routed_k_loop(acc, a_ptr, wd_ptr, offs_m, in_m, offs_n, in_n, g_lo * G, g_hi * G, DF, mask_ptr, B,
-                                 NG, G, list_ptr + j * NS_P, D * G, ROUTED, BM, BLOCK_KD, PREC, True, COMPACT,
-                                 NS_P, DSTAGES, SUB, WD_GM)  # fmt: skip
+                                 NG, G, list_ptr + j * NS_P, ROUTED, BM, BLOCK_KD, PREC, True, COMPACT, NS_P,
+                                 DSTAGES, SUB)  # fmt: skip
             last = True
             if KS > 1:
                 last, acc = _split_k_sum(acc, part_ptr, cnt_ptr + 1 + KS, tile, n_tiles, s, KS, BM, BLOCK_N)
@@ -1038,7 +1018,7 @@ def _ffn_op(
         return ffn_residual_norm_ref(h, w_gate, w_up, w_down, mask, x, norm_w, eps, bias)
     b, d = h.shape
     df = w_gate.shape[0]
-    if mask is None and w_down.dim() == 2:  # every channel runs: the tiling need not follow the routers' group size
+    if mask is None:  # every channel runs: the tiling need not follow the routers' group size (a dense baseline)
         group = largest_pow2_divisor(df, 128)
     ng = df // group
     ch = _ov("ffn_chunk", ffn_chunk(group, ng, _sms(h))) if h.is_cuda else 16
@@ -1059,7 +1039,7 @@ def _ffn_op(
         KS=ks, CPG=cpg, CH=ch, ROUTED=mask is not None, HAS_BIAS=bias is not None, BM=BLOCK_M,
         BLOCK_K=min(bk, next_pow2(d)), BLOCK_N=bn, BLOCK_KD=bkd, T_P=next_pow2(tiles), **_norm_blocks(b, d, h),
         PREC=_prec(h), COMPACT=compact, NS_P=ns_p, DSTAGES=_ov("down_stages", COMPACT_STAGES if compact else None),
-        SUB=sub, WD_GM=w_down.dim() == 3, num_warps=nw, **_stages(h), **pdl_launch(h),
+        SUB=sub, num_warps=nw, **_stages(h), **pdl_launch(h),
     )  # fmt: skip
     return xo, hn
 
@@ -1196,8 +1176,6 @@ def ffn_residual_norm(
     if group % 16 or df % group:
         raise ValueError(f"FFN group size {group} must be a multiple of 16 dividing D' = {df}")
     _check_mask(mask, h.shape[0], df // group, "mask")
-    if w_down.dim() == 3 and w_down.shape != (df // group, x.shape[1], group):
-        raise ValueError(f"a group-major w_down must be [D'/group, D, group], got {tuple(w_down.shape)}")
     for name, t in (("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down)):
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
