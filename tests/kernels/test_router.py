@@ -135,45 +135,6 @@ def test_serial_schedule_is_bit_identical(splits, kernel_device):
     assert torch.equal(pair[1], router_decisions(h, *other, config={**conf, "SERIAL": 0}))
 
 
-@pytest.mark.parametrize("m", [1, 37])
-@pytest.mark.parametrize("ng", [130, 448])
-def test_shared_head_is_bit_identical(m, ng, kernel_device):
-    """HEAD_PROGS programs a row block sharing the head (each sums the same partials, then every HEAD_PROGS-th
-    block of groups) give the margins of the last split running it alone, bit for bit, in the single and the pair
-    launch; every counter is back at 0 after the call (a second call, same bits). 37 rows: three row blocks."""
-    w_down, w_margin, b_margin = _router(200, 32, ng, torch.float32, kernel_device)
-    other = _router(200, 16, 8, torch.float32, kernel_device, seed=4)
-    h = _hidden(m, 200, torch.float32, kernel_device)
-    conf = {"BLOCK_D": 32, "SPLITS": 4, "num_warps": 4, "SERIAL": 0}
-    alone = router_margin_kernel(h, w_down, w_margin, b_margin, config={**conf, "HEAD_PROGS": 0})
-    for share in ({"HEAD_PROGS": 1}, {"HEAD_PROGS": 3}, {"HEAD_PROGS": 99}, {"HEAD_PROGS": 2, "BLOCK_G": 256}, {}):
-        for _ in range(2):
-            got = router_margin_kernel(h, w_down, w_margin, b_margin, config={**conf, **share})
-            assert torch.equal(got, alone), share
-        pair = router_decisions_pair(h, (w_down, w_margin, b_margin), other, config={**conf, **share})
-        assert torch.equal(pair[0], alone <= 0), share
-        assert torch.equal(pair[1], router_decisions(h, *other, config={**conf, "HEAD_PROGS": 0})), share
-    with pytest.raises(ValueError, match="HEAD_PROGS must be >= 0"):
-        router_margin_kernel(h, w_down, w_margin, b_margin, config={**conf, "HEAD_PROGS": -1})
-
-
-def test_shared_head_rule():
-    """The split schedule shares a head of SHARED_HEAD_MIN_GROUPS groups or more, one program per
-    SHARED_HEAD_BLOCK_G groups; a narrower head, one split, or the serial schedule leaves it to one program."""
-    from wide.kernels.router import SHARED_HEAD_BLOCK_G, SHARED_HEAD_MIN_GROUPS, _head, _launch
-
-    conf, forced = _launch(1, 4096, None)
-    wide = _head(448, conf, forced)
-    assert wide.progs == -(-448 // SHARED_HEAD_BLOCK_G) and wide.programs == conf["SPLITS"] + wide.progs
-    assert _head(SHARED_HEAD_MIN_GROUPS, conf, forced).progs > 0
-    assert _head(SHARED_HEAD_MIN_GROUPS - 1, conf, forced).progs == 0
-    serial, forced = _launch(4096, 4096, None)
-    assert serial["SERIAL"] == 1 and _head(448, serial, forced) == (_head(448, serial, forced).block_g, 0, 1)
-    one, forced = _launch(1, 256, None)
-    assert one["SPLITS"] == 1 and _head(448, one, forced).progs == 0
-    assert _head(448, conf, {"HEAD_PROGS": 99}).progs == -(-448 // SHARED_HEAD_BLOCK_G)  # every program has a block
-
-
 def test_serial_schedule_is_the_rule_for_many_rows():
     from wide.kernels.router import ROUTER_BLOCK_M, SERIAL_MIN_BLOCKS, default_config
 

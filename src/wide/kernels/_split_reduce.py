@@ -65,15 +65,6 @@ if HAS_TRITON:
         return last
 
     @triton.jit
-    def wait_for(counter_ptr, n):
-        """Spin until the counter reaches n (acquire: what the programs that counted wrote is visible). Only a
-        program that took its ticket after the n it waits for may wait (those are already running, so it cannot
-        deadlock), which also keeps the interpreter, running programs in ticket order, from spinning."""
-        done = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
-        while done < n:
-            done = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
-
-    @triton.jit
     def sum_partials(part_ptr, split_stride, rows, SPLITS: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
         """Sum of SPLITS fp32 partials [rows <= ROWS, COLS] (row stride COLS) at part_ptr + j·split_stride.
 

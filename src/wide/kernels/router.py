@@ -29,8 +29,6 @@ CUDA-graph safe).
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
 from ._split_reduce import tile_counters
@@ -40,7 +38,7 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from ._split_reduce import arrive, sum_partials, wait_for
+    from ._split_reduce import arrive, sum_partials
     from ._triton_utils import pdl_begin
 
 ROUTER_BLOCK_M = 16  # rows per program, for every M (the row arithmetic must not depend on M)
@@ -51,9 +49,6 @@ MARGIN_MAX_BLOCK_G = 512
 MARGIN_MAX_BLOCK_G_SERIAL = 128
 MAX_RANK = 128
 SERIAL_MIN_BLOCKS = 64  # row blocks from which one program per block runs all its splits (default_config)
-# split schedule: from this many groups the head is shared by one program per SHARED_HEAD_BLOCK_G groups (_head)
-SHARED_HEAD_MIN_GROUPS = 129
-SHARED_HEAD_BLOCK_G = 128
 
 
 def default_config(d: int, m: int = 1) -> dict:
@@ -132,18 +127,17 @@ if HAS_TRITON:
             tl.store(ptrs, (margin <= 0).to(tl.uint8), mask=msk)
 
     @triton.jit
-    def _margin_store(r, row0, wm_ptr, bm_ptr, out_ptr, M, NG, R, wm0, b0, g_first, g_step, BLOCK_M: tl.constexpr,
+    def _margin_store(r, row0, wm_ptr, bm_ptr, out_ptr, M, NG, R, wm0, b0, BLOCK_M: tl.constexpr,
                       BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr, OUT_MARGIN: tl.constexpr,
                       HEAD_FIRST: tl.constexpr):  # fmt: skip
-        """r: [BLOCK_M, BLOCK_R] fp32 (columns >= R are 0) for rows row0.. -> margin (fp32) or run (uint8) of
-        the head's blocks g_first, g_first + g_step, ... (this program's share of the groups). HEAD_FIRST: the
-        first block (wm0, b0) was loaded earlier, off the reduction's critical path."""
+        """r: [BLOCK_M, BLOCK_R] fp32 (columns >= R are 0) for rows row0.. -> margin (fp32) or run (uint8).
+        HEAD_FIRST: the head's first block (wm0, b0) was loaded earlier, off the reduction's critical path."""
         if HEAD_FIRST:
             wm, bias = wm0, b0
         else:
-            wm, bias = _head_block(wm_ptr, bm_ptr, g_first, NG, R, BLOCK_R, BLOCK_G)
-        _margin_block(r, wm, bias, g_first, row0, out_ptr, M, NG, BLOCK_M, BLOCK_G, OUT_MARGIN)
-        for g0 in range(g_first + g_step, NG, g_step):
+            wm, bias = _head_block(wm_ptr, bm_ptr, 0, NG, R, BLOCK_R, BLOCK_G)
+        _margin_block(r, wm, bias, 0, row0, out_ptr, M, NG, BLOCK_M, BLOCK_G, OUT_MARGIN)
+        for g0 in range(BLOCK_G, NG, BLOCK_G):
             wm, bias = _head_block(wm_ptr, bm_ptr, g0, NG, R, BLOCK_R, BLOCK_G)
             _margin_block(r, wm, bias, g0, row0, out_ptr, M, NG, BLOCK_M, BLOCK_G, OUT_MARGIN)
 
@@ -196,73 +190,46 @@ if HAS_TRITON:
     def _router_program(h_ptr, wd_ptr, wm_ptr, bm_ptr, out_ptr, ws_ptr, cnt_ptr, s, pm, M, D, R, NG, stride_hm,
                         stride_wd, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
                         BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, SPLITS: tl.constexpr,
-                        OUT_MARGIN: tl.constexpr, HEAD_FIRST: tl.constexpr, SERIAL: tl.constexpr,
-                        HEAD_PROGS: tl.constexpr):  # fmt: skip
+                        OUT_MARGIN: tl.constexpr, HEAD_FIRST: tl.constexpr, SERIAL: tl.constexpr):  # fmt: skip
         """One router's program (split s of D, row block pm): the arithmetic of a row depends on D and the
-        tile constants only (docs/routing.md#the-decision-rule). HEAD_FIRST: the program that runs (a share of)
-        the head loads its first block before it waits for the projection (where the load overlaps).
+        tile constants only (docs/routing.md#the-decision-rule). HEAD_FIRST: every program loads the head's
+        first block before its D loop (where the load overlaps), so whichever program reduces has it at hand.
         SERIAL: this program (s = 0) computes every split of its row block in turn and sums them itself: the
         same partials summed by the same code as when SPLITS programs each compute one (the schedule for many
-        row blocks, which fill the GPU without splitting D across programs). HEAD_PROGS > 0 (split schedule, wide
-        heads): the row block's first SPLITS tickets compute the splits, the next HEAD_PROGS each sum the same
-        partials and run every HEAD_PROGS-th block of BLOCK_G groups of the head; else the last split to arrive
-        runs the whole head. A group's margin does not depend on which program computes it."""
+        row blocks, which fill the GPU without splitting D across programs)."""
+        if HEAD_FIRST:
+            wm0, b0 = _head_block(wm_ptr, bm_ptr, 0, NG, R, BLOCK_R, BLOCK_G)
+        else:
+            wm0 = tl.zeros([BLOCK_G, BLOCK_R], tl.float32)
+            b0 = tl.zeros([BLOCK_G], tl.float32)
         row0 = pm * BLOCK_M
         offs_m = row0 + tl.arange(0, BLOCK_M)
         in_m = offs_m < M
         d_per = tl.cdiv(tl.cdiv(D, SPLITS), BLOCK_D) * BLOCK_D
-        tile = BLOCK_M * BLOCK_R
-        base = ws_ptr + pm * SPLITS * tile
-        offs_t = tl.arange(0, BLOCK_M)[:, None] * BLOCK_R + tl.arange(0, BLOCK_R)[None, :]
-        if HEAD_PROGS > 0:
-            c = cnt_ptr + pm * 3  # tickets, splits stored, head shares done
-            t = tl.atomic_add(c, 1, sem="relaxed", scope="gpu")
-            if t < SPLITS:
-                d_lo = t * d_per
+        if SPLITS == 1:
+            acc = _split_dot(h_ptr, wd_ptr, offs_m, in_m, 0, D, R, stride_hm, stride_wd, PREC, BLOCK_M, BLOCK_R,
+                             BLOCK_D)  # fmt: skip
+            _margin_store(acc, row0, wm_ptr, bm_ptr, out_ptr, M, NG, R, wm0, b0, BLOCK_M, BLOCK_R, BLOCK_G, OUT_MARGIN,
+                          HEAD_FIRST)  # fmt: skip
+        else:
+            tile = BLOCK_M * BLOCK_R
+            base = ws_ptr + pm * SPLITS * tile
+            if SERIAL:
+                _serial_splits(h_ptr, wd_ptr, base, offs_m, in_m, d_per, D, R, stride_hm, stride_wd, PREC, BLOCK_M,
+                               BLOCK_R, BLOCK_D, SPLITS)  # fmt: skip
+                tl.debug_barrier()  # every thread's partials visible to the whole program before the sum
+                last = True
+            else:
+                d_lo = s * d_per
                 acc = _split_dot(h_ptr, wd_ptr, offs_m, in_m, d_lo, tl.minimum(d_lo + d_per, D), R, stride_hm,
                                  stride_wd, PREC, BLOCK_M, BLOCK_R, BLOCK_D)  # fmt: skip
-                tl.store(base + t * tile + offs_t, acc)
-                tl.debug_barrier()  # every thread's partial stored before the release
-                tl.atomic_add(c + 1, 1, sem="release", scope="gpu")
-            else:
-                g_first = (t - SPLITS) * BLOCK_G
-                wm0, b0 = _head_block(wm_ptr, bm_ptr, g_first, NG, R, BLOCK_R, BLOCK_G)
-                wait_for(c + 1, SPLITS)
+                offs_t = tl.arange(0, BLOCK_M)[:, None] * BLOCK_R + tl.arange(0, BLOCK_R)[None, :]
+                tl.store(base + s * tile + offs_t, acc)
+                last = arrive(cnt_ptr + pm, SPLITS)
+            if last:
                 red = sum_partials(base, tile, BLOCK_M, SPLITS, BLOCK_M, BLOCK_R)
-                _margin_store(red, row0, wm_ptr, bm_ptr, out_ptr, M, NG, R, wm0, b0, g_first, HEAD_PROGS * BLOCK_G,
-                              BLOCK_M, BLOCK_R, BLOCK_G, OUT_MARGIN, True)  # fmt: skip
-                tl.debug_barrier()
-                if tl.atomic_add(c + 2, 1, sem="relaxed", scope="gpu") == HEAD_PROGS - 1:  # every ticket taken
-                    tl.atomic_xchg(c, 0, sem="relaxed", scope="gpu")
-                    tl.atomic_xchg(c + 1, 0, sem="relaxed", scope="gpu")
-                    tl.atomic_xchg(c + 2, 0, sem="relaxed", scope="gpu")
-        else:
-            if HEAD_FIRST:
-                wm0, b0 = _head_block(wm_ptr, bm_ptr, 0, NG, R, BLOCK_R, BLOCK_G)
-            else:
-                wm0 = tl.zeros([BLOCK_G, BLOCK_R], tl.float32)
-                b0 = tl.zeros([BLOCK_G], tl.float32)
-            if SPLITS == 1:
-                acc = _split_dot(h_ptr, wd_ptr, offs_m, in_m, 0, D, R, stride_hm, stride_wd, PREC, BLOCK_M, BLOCK_R,
-                                 BLOCK_D)  # fmt: skip
-                _margin_store(acc, row0, wm_ptr, bm_ptr, out_ptr, M, NG, R, wm0, b0, 0, BLOCK_G, BLOCK_M, BLOCK_R,
-                              BLOCK_G, OUT_MARGIN, HEAD_FIRST)  # fmt: skip
-            else:
-                if SERIAL:
-                    _serial_splits(h_ptr, wd_ptr, base, offs_m, in_m, d_per, D, R, stride_hm, stride_wd, PREC,
-                                   BLOCK_M, BLOCK_R, BLOCK_D, SPLITS)  # fmt: skip
-                    tl.debug_barrier()  # every thread's partials visible to the whole program before the sum
-                    last = True
-                else:
-                    d_lo = s * d_per
-                    acc = _split_dot(h_ptr, wd_ptr, offs_m, in_m, d_lo, tl.minimum(d_lo + d_per, D), R, stride_hm,
-                                     stride_wd, PREC, BLOCK_M, BLOCK_R, BLOCK_D)  # fmt: skip
-                    tl.store(base + s * tile + offs_t, acc)
-                    last = arrive(cnt_ptr + pm, SPLITS)
-                if last:
-                    red = sum_partials(base, tile, BLOCK_M, SPLITS, BLOCK_M, BLOCK_R)
-                    _margin_store(red, row0, wm_ptr, bm_ptr, out_ptr, M, NG, R, wm0, b0, 0, BLOCK_G, BLOCK_M,
-                                  BLOCK_R, BLOCK_G, OUT_MARGIN, HEAD_FIRST)  # fmt: skip
+                _margin_store(red, row0, wm_ptr, bm_ptr, out_ptr, M, NG, R, wm0, b0, BLOCK_M, BLOCK_R, BLOCK_G,
+                              OUT_MARGIN, HEAD_FIRST)  # fmt: skip
 
     @triton.jit(do_not_specialize=["M"])
     def _router_kernel(
@@ -288,13 +255,12 @@ if HAS_TRITON:
         OUT_MARGIN: tl.constexpr,
         HEAD_FIRST: tl.constexpr,
         SERIAL: tl.constexpr,
-        HEAD_PROGS: tl.constexpr,  # programs a row block that share the head (0: the last split runs it)
         PDL: tl.constexpr,  # launched with programmatic dependent launch
     ):
         pdl_begin(PDL)
         _router_program(h_ptr, wd_ptr, wm_ptr, bm_ptr, out_ptr, ws_ptr, cnt_ptr, tl.program_id(0), tl.program_id(1),
                         M, D, R, NG, stride_hm, stride_wd, PREC, BLOCK_M, BLOCK_R, BLOCK_D, BLOCK_G, SPLITS,
-                        OUT_MARGIN, HEAD_FIRST, SERIAL, HEAD_PROGS)  # fmt: skip
+                        OUT_MARGIN, HEAD_FIRST, SERIAL)  # fmt: skip
 
     @triton.jit(do_not_specialize=["M"])
     def _router_pair_kernel(
@@ -314,27 +280,21 @@ if HAS_TRITON:
         BLOCK_G_B: tl.constexpr,
         HEAD_FIRST: tl.constexpr,
         SERIAL: tl.constexpr,
-        HEAD_PROGS_A: tl.constexpr,
-        HEAD_PROGS_B: tl.constexpr,
-        PROGS_A: tl.constexpr,  # router a's programs a row block (_Head.programs)
-        PROGS_B: tl.constexpr,
         PDL: tl.constexpr,
     ):  # fmt: skip
-        """Grid (the programs a row block of the router that needs more, row blocks, 2): axis 2 picks the router;
-        each runs its single-launch program, the other router's extra programs return."""
+        """Grid (SPLITS or 1 when SERIAL, row blocks, 2): axis 2 picks the router; each runs its single-launch
+        program."""
         pdl_begin(PDL)
         s = tl.program_id(0)
         pm = tl.program_id(1)
         if tl.program_id(2) == 0:
-            if s < PROGS_A:
-                _router_program(h_ptr, wd_a, wm_a, bm_a, out_a, ws_a, cnt_a, s, pm, M, D, R_A, NG_A, stride_hm,
-                                stride_wd_a, PREC, BLOCK_M, BLOCK_R_A, BLOCK_D, BLOCK_G_A, SPLITS, False,
-                                HEAD_FIRST, SERIAL, HEAD_PROGS_A)  # fmt: skip
+            _router_program(h_ptr, wd_a, wm_a, bm_a, out_a, ws_a, cnt_a, s, pm, M, D, R_A, NG_A, stride_hm,
+                            stride_wd_a, PREC, BLOCK_M, BLOCK_R_A, BLOCK_D, BLOCK_G_A, SPLITS, False,
+                            HEAD_FIRST, SERIAL)  # fmt: skip
         else:
-            if s < PROGS_B:
-                _router_program(h_ptr, wd_b, wm_b, bm_b, out_b, ws_b, cnt_b, s, pm, M, D, R_B, NG_B, stride_hm,
-                                stride_wd_b, PREC, BLOCK_M, BLOCK_R_B, BLOCK_D, BLOCK_G_B, SPLITS, False,
-                                HEAD_FIRST, SERIAL, HEAD_PROGS_B)  # fmt: skip
+            _router_program(h_ptr, wd_b, wm_b, bm_b, out_b, ws_b, cnt_b, s, pm, M, D, R_B, NG_B, stride_hm,
+                            stride_wd_b, PREC, BLOCK_M, BLOCK_R_B, BLOCK_D, BLOCK_G_B, SPLITS, False,
+                            HEAD_FIRST, SERIAL)  # fmt: skip
 
 
 def _check_head(r: int, w_margin: torch.Tensor, b_margin: torch.Tensor) -> None:
@@ -348,43 +308,16 @@ def _check_head(r: int, w_margin: torch.Tensor, b_margin: torch.Tensor) -> None:
         raise ValueError(f"router rank {r} > {MAX_RANK}")
 
 
-class _Head(NamedTuple):
-    """How a router's margin head is scheduled (the schedule, not the arithmetic)."""
-
-    block_g: int  # groups a step
-    progs: int  # programs a row block that share it (0: the last split to arrive runs it alone)
-    programs: int  # programs a row block in all
-
-
-def _launch(m: int, d: int, config: dict | None) -> tuple[dict, dict]:
-    """The kernel's launch constants, and the head's forced settings (config's BLOCK_G, HEAD_PROGS; absent: the
-    rules, ``_head``)."""
+def _launch(m: int, d: int, config: dict | None) -> tuple[dict, int | None]:
+    """The kernel's launch constants, and a forced head step (config's BLOCK_G) or None (``_block_g``'s rule)."""
     conf = {**default_config(d, m), **(config or {})}  # a partial config overrides the rule's keys
     splits = conf["SPLITS"]
     if splits < 1 or splits & (splits - 1):
         raise ValueError(f"SPLITS must be a power of two, got {splits}")
-    forced = {k: conf.pop(k) for k in ("BLOCK_G", "HEAD_PROGS") if k in conf}
-    block_g = forced.get("BLOCK_G")
+    block_g = conf.pop("BLOCK_G", None)
     if block_g is not None and (block_g < 16 or block_g & (block_g - 1)):
         raise ValueError(f"BLOCK_G must be a power of two >= 16, got {block_g}")
-    if forced.get("HEAD_PROGS", 0) < 0:
-        raise ValueError(f"HEAD_PROGS must be >= 0, got {forced['HEAD_PROGS']}")
-    return conf, forced
-
-
-def _head(ng: int, conf: dict, forced: dict) -> _Head:
-    """The head's schedule for ng groups: shared by ceil(ng / SHARED_HEAD_BLOCK_G) programs from
-    SHARED_HEAD_MIN_GROUPS groups in the split schedule (docs/kernels.md#fused-decode-layer), else run by one."""
-    if conf["SERIAL"] or conf["SPLITS"] == 1:
-        return _Head(_block_g(ng, conf["SERIAL"], forced.get("BLOCK_G")), 0, 1 if conf["SERIAL"] else conf["SPLITS"])
-    progs = forced.get("HEAD_PROGS")
-    if progs is None:
-        progs = triton.cdiv(ng, SHARED_HEAD_BLOCK_G) if ng >= SHARED_HEAD_MIN_GROUPS else 0
-    if progs == 0:
-        return _Head(_block_g(ng, 0, forced.get("BLOCK_G")), 0, conf["SPLITS"])
-    block_g = forced.get("BLOCK_G") or SHARED_HEAD_BLOCK_G
-    progs = min(progs, triton.cdiv(ng, block_g))  # every program has a block
-    return _Head(block_g, progs, conf["SPLITS"] + progs)
+    return conf, block_g
 
 
 def _workspace(h: torch.Tensor, blocks: int, splits: int, block_r: int) -> torch.Tensor:
@@ -399,17 +332,17 @@ def _router_triton(h, w_down, w_margin, b_margin, config: dict | None, out_margi
     out = torch.empty(m, ng, dtype=torch.float32 if out_margin else torch.bool, device=h.device)
     if m == 0:
         return out
-    conf, forced = _launch(m, d, config)
-    head = _head(ng, conf, forced)
+    conf, forced_g = _launch(m, d, config)
+    block_g = _block_g(ng, conf["SERIAL"], forced_g)  # the schedule, not the arithmetic
     blocks = triton.cdiv(m, ROUTER_BLOCK_M)
     block_r = max(16, next_pow2(r))
     ws = _workspace(h, blocks, conf["SPLITS"], block_r)
-    cnt = tile_counters(h, 3 * blocks)
+    cnt = tile_counters(h, blocks)
     prec = "ieee" if h.dtype == torch.float32 else "tf32"
-    _router_kernel[(head.programs, blocks)](
+    _router_kernel[(1 if conf["SERIAL"] else conf["SPLITS"], blocks)](
         h, w_down, w_margin, b_margin, out if out_margin else out.view(torch.uint8), ws, cnt, m, d, r, ng,
-        h.stride(0), w_down.stride(0), PREC=prec, BLOCK_M=ROUTER_BLOCK_M, BLOCK_R=block_r, BLOCK_G=head.block_g,
-        OUT_MARGIN=out_margin, HEAD_PROGS=head.progs, **conf, **pdl_launch(h),
+        h.stride(0), w_down.stride(0), PREC=prec, BLOCK_M=ROUTER_BLOCK_M, BLOCK_R=block_r, BLOCK_G=block_g,
+        OUT_MARGIN=out_margin, **conf, **pdl_launch(h),
     )  # fmt: skip
     return out
 
@@ -421,23 +354,20 @@ def _router_pair_triton(h, router_a: tuple, router_b: tuple, config: dict | None
                  (router_a, router_b))  # fmt: skip
     if m == 0:
         return outs
-    conf, forced = _launch(m, d, config)
+    conf, forced_g = _launch(m, d, config)
     blocks = triton.cdiv(m, ROUTER_BLOCK_M)
-    cnt = tile_counters(h, 6 * blocks)  # router a's counters, then router b's
+    cnt = tile_counters(h, 2 * blocks)  # router a's tickets, then router b's
     args, tiles = [], {}
-    for k, ((w_down, w_margin, b_margin), out, counters) in enumerate(
-        zip((router_a, router_b), outs, (cnt[: 3 * blocks], cnt[3 * blocks :]))
+    for k, ((w_down, w_margin, b_margin), out, tickets) in enumerate(
+        zip((router_a, router_b), outs, (cnt[:blocks], cnt[blocks:]))
     ):
         r, ng = w_down.shape[0], w_margin.shape[0]
         block_r = max(16, next_pow2(r))
-        head = _head(ng, conf, forced)
         ws = _workspace(h, blocks, conf["SPLITS"], block_r)
-        args += [w_down, w_margin, b_margin, out.view(torch.uint8), ws, counters, r, ng, w_down.stride(0)]
-        ab = "AB"[k]
-        tiles |= {f"BLOCK_R_{ab}": block_r, f"BLOCK_G_{ab}": head.block_g, f"HEAD_PROGS_{ab}": head.progs,
-                  f"PROGS_{ab}": head.programs}  # fmt: skip
+        args += [w_down, w_margin, b_margin, out.view(torch.uint8), ws, tickets, r, ng, w_down.stride(0)]
+        tiles["BLOCK_R_" + "AB"[k]], tiles["BLOCK_G_" + "AB"[k]] = block_r, _block_g(ng, conf["SERIAL"], forced_g)
     prec = "ieee" if h.dtype == torch.float32 else "tf32"
-    _router_pair_kernel[(max(tiles["PROGS_A"], tiles["PROGS_B"]), blocks, 2)](
+    _router_pair_kernel[(1 if conf["SERIAL"] else conf["SPLITS"], blocks, 2)](
         h, *args, m, d, h.stride(0), PREC=prec, BLOCK_M=ROUTER_BLOCK_M, **tiles, **conf, **pdl_launch(h)
     )
     return outs
