@@ -68,7 +68,8 @@ FFN = [
 ATTN = [{}, *({"attn_splits": s, "attn_block_n": n} for s, n in
                 ((8, 128), (16, 64), (32, 128), (32, 64), (48, 64), (64, 64), (64, 32), (128, 32)))]  # fmt: skip
 ATTN_WARPS = [{"attn_warps": w} for w in (2, 4, 8)]
-# router configs (BLOCK_D, SPLITS, num_warps, num_stages, BLOCK_G: the head's groups a step); the first:
+# router configs (BLOCK_D, SPLITS, num_warps, num_stages, BLOCK_G: the head's groups a step, HEAD_PROGS: programs
+# sharing the head, 0: the last split alone); the first:
 # default_config(D, M), the rule
 ROUTER = [{}, *({"BLOCK_D": bd, "SPLITS": sp, "num_warps": nw} for bd, sp, nw in
                 ((128, 8, 4), (64, 16, 2), (128, 16, 4), (64, 32, 2), (128, 32, 4), (256, 16, 4),

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import platform
 import sys
 import tempfile
 from pathlib import Path
 
-import pytest
-import torch
+# The CPU interpreter runs tl.dot as a numpy (OpenBLAS) matmul. OpenBLAS's FMA kernels (Haswell and later) sum a
+# column's products in an order that depends on the column's place in the block, which a GPU's MMA does not, so the
+# kernels' bit-for-bit tests across block layouts would hold or fail by the CI machine's CPU. The AVX kernels sum
+# every column alike; OpenBLAS reads the setting once, when numpy loads it (docs/testing.md#cpu-interpreter).
+if platform.machine().lower() in ("x86_64", "amd64") and "numpy" not in sys.modules:
+    os.environ.setdefault("OPENBLAS_CORETYPE", "Sandybridge")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 # pytest-xdist workers compiling the same graph race on one Inductor cache ("file too short" when a
 # worker loads a .so another is still writing): give each worker its own cache directory.

@@ -122,7 +122,7 @@ def test_head_loaded_first_is_bit_identical(splits, ng, kernel_device):
 def test_serial_schedule_is_bit_identical(splits, kernel_device):
     """SERIAL (one program per row block runs its splits in turn, the schedule for many rows) sums the same
     partials with the same code as one program per split: the margins, and so the decisions, bit for bit; the
-    pair launch too. 37 rows: a partial last row block."""
+    pair launch too. 37 rows: a partial last row block. 130 groups: the split schedule shares the head."""
     w_down, w_margin, b_margin = _router(200, 32, 130, torch.float32, kernel_device)
     other = _router(200, 16, 8, torch.float32, kernel_device, seed=4)
     h = _hidden(37, 200, torch.float32, kernel_device)
@@ -133,6 +133,50 @@ def test_serial_schedule_is_bit_identical(splits, kernel_device):
     pair = router_decisions_pair(h, (w_down, w_margin, b_margin), other, config={**conf, "SERIAL": 1})
     assert torch.equal(pair[0], split <= 0)
     assert torch.equal(pair[1], router_decisions(h, *other, config={**conf, "SERIAL": 0}))
+
+
+@pytest.mark.parametrize("shape", [(1, 130), (37, 448)])
+@pytest.mark.parametrize("heads", [1, 3, None])
+def test_shared_head_is_bit_identical(shape, heads, kernel_device):
+    """The shared head (HEAD_PROGS programs, each every HEAD_PROGS-th block of the head, after waiting for the
+    splits) gives the margins of the head run by the last split alone, bit for bit; single and pair launch; a
+    second call after the first (the counters are back at 0: no ticket left over)."""
+    from wide.kernels._split_reduce import tile_counters
+    from wide.kernels.router import head_schedule
+
+    m, ng = shape
+    w_down, w_margin, b_margin = _router(200, 32, ng, torch.float32, kernel_device)
+    other = _router(200, 16, 8, torch.float32, kernel_device, seed=4)
+    h = _hidden(m, 200, torch.float32, kernel_device)
+    conf = {"BLOCK_D": 32, "SPLITS": 4, "num_warps": 4}
+    alone = router_margin_kernel(h, w_down, w_margin, b_margin, config={**conf, "HEAD_PROGS": 0})
+    for step in [{}, {"BLOCK_G": 16}, {"BLOCK_G": 64}, {"BLOCK_G": 128}]:
+        shared = {**conf, **step} if heads is None else {**conf, **step, "HEAD_PROGS": heads}
+        assert head_schedule(ng, shared)[1] == (heads or -(-ng // head_schedule(ng, shared)[0]))
+        for _ in range(2):
+            assert torch.equal(router_margin_kernel(h, w_down, w_margin, b_margin, config=shared), alone), step
+            assert not tile_counters(h, 1)[: 3 * 64].any()
+        pair = router_decisions_pair(h, other, (w_down, w_margin, b_margin), config=shared)
+        assert torch.equal(pair[1], alone <= 0), step
+        assert torch.equal(pair[0], router_decisions(h, *other, config={**conf, "HEAD_PROGS": 0})), step
+
+
+def test_shared_head_rule_and_bad_settings():
+    """The split schedule shares a head of SHARED_HEAD_MIN_GROUPS groups or more, one program per
+    SHARED_HEAD_BLOCK_G groups; fewer groups, one split or the serial schedule run it alone; a config that asks to
+    share where no split is summed is a one-line error."""
+    from wide.kernels.router import SHARED_HEAD_BLOCK_G, SHARED_HEAD_MIN_GROUPS, default_config, head_schedule
+
+    split = default_config(4096, 1)
+    few, many = SHARED_HEAD_MIN_GROUPS - 1, SHARED_HEAD_MIN_GROUPS
+    assert head_schedule(many, split) == (SHARED_HEAD_BLOCK_G, -(-many // SHARED_HEAD_BLOCK_G))
+    assert head_schedule(few, split)[1] == 0
+    assert head_schedule(448, default_config(4096, 4096))[1] == 0  # serial schedule
+    assert head_schedule(448, default_config(256, 1))[1] == 0  # one split: no partials to wait for
+    assert head_schedule(448, {**split, "HEAD_PROGS": 0}) == (512, 0)
+    w = _router(64, 16, 130, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="HEAD_PROGS 2: the head is shared only in the split schedule"):
+        router_margin_kernel(_hidden(3, 64, torch.float32, "cpu"), *w, config={"SPLITS": 1, "HEAD_PROGS": 2})
 
 
 def test_serial_schedule_is_the_rule_for_many_rows():
@@ -291,8 +335,9 @@ def test_gpu_rows_do_not_depend_on_m(dtype, ng):
 
 @gpu
 @pytest.mark.parametrize("m", [1, 16, 300])
-def test_router_cuda_graph(m):
-    w_down, w_margin, b_margin = _router(4096, 32, 112, torch.bfloat16, "cuda")
+@pytest.mark.parametrize("ng", [112, 448])
+def test_router_cuda_graph(m, ng):
+    w_down, w_margin, b_margin = _router(4096, 32, ng, torch.bfloat16, "cuda")
     static_h = _hidden(m, 4096, torch.bfloat16, "cuda")
     router_decisions(static_h, w_down, w_margin, b_margin)  # warm (compile) outside the graph
     graph = torch.cuda.CUDAGraph()
@@ -323,11 +368,13 @@ def test_gpu_margin_gradients_flow_under_autocast():
 @gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("m", [1, 5, 16, 300])
-def test_gpu_pair_equals_single_launches(dtype, m):
-    """Llama-3.1-8B attention (8 KV groups) and FFN (112 groups) routers on one input: the pair's default
-    launch decides each exactly as its own launch does; and it replays under a CUDA graph."""
+@pytest.mark.parametrize("ng", [112, 448])
+def test_gpu_pair_equals_single_launches(dtype, m, ng):
+    """Llama-3.1-8B attention (8 KV groups) and FFN (G 128: 112 groups; G 32: 448, a shared head) routers on one
+    input: the pair's default launch decides each exactly as its own launch does; and it replays under a CUDA
+    graph."""
     a = _router(4096, 32, 8, dtype, "cuda", seed=2)
-    b = _router(4096, 32, 112, dtype, "cuda", seed=3)
+    b = _router(4096, 32, ng, dtype, "cuda", seed=3)
     h = _hidden(m, 4096, dtype, "cuda")
     got_a, got_b = router_decisions_pair(h, a, b)
     assert torch.equal(got_a, router_decisions(h, *a)) and torch.equal(got_b, router_decisions(h, *b))

@@ -65,6 +65,15 @@ if HAS_TRITON:
         return last
 
     @triton.jit
+    def wait_for(counter_ptr, n):
+        """Spin until the counter reaches n (acquire: the writes released before each increment are visible).
+        Only ever wait for programs that drew an earlier ticket (already running or done), so the wait cannot
+        deadlock; under the CPU interpreter programs run in ticket order and the first read passes."""
+        done = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+        while done < n:
+            done = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+
+    @triton.jit
     def sum_partials(part_ptr, split_stride, rows, SPLITS: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
         """Sum of SPLITS fp32 partials [rows <= ROWS, COLS] (row stride COLS) at part_ptr + j·split_stride.
 

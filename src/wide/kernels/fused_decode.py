@@ -58,7 +58,7 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from ._split_reduce import arrive, sum_partials
+    from ._split_reduce import arrive, sum_partials, wait_for
     from ._triton_utils import pdl_begin
 
 MAX_BATCH = 16  # decode only: one 16-row tensor-core tile holds the batch
@@ -628,12 +628,6 @@ if HAS_TRITON:
                 _norm_tail(xo_ptr, nw_ptr, h_ptr, ss_ptr, n_tiles, B, D, eps, BM, T_P, RB, NB)
 
     @triton.jit
-    def _wait_for(cnt_ptr, n):
-        done = tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu")
-        while done < n:
-            done = tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu")
-
-    @triton.jit
     def _ffn_kernel(
         h_ptr,  # [B, D] normed input
         wg_ptr,  # [DF, D]
@@ -704,7 +698,7 @@ if HAS_TRITON:
             g_hi = (s + 1) * NG // KS
             offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
             in_n = offs_n < D
-            _wait_for(cnt_ptr + 1 + s, (g_hi - g_lo) * CPG)  # only this split's producers (earlier tickets)
+            wait_for(cnt_ptr + 1 + s, (g_hi - g_lo) * CPG)  # only this split's producers (earlier tickets)
             acc = tl.zeros([BM, BLOCK_N], tl.float32)
             acc = _routed_k_loop(acc, a_ptr, wd_ptr, offs_m, in_m, offs_n, in_n, g_lo * G, g_hi * G, DF, mask_ptr, B,
                                  NG, G, list_ptr + j * NS_P, ROUTED, BM, BLOCK_KD, PREC, True, COMPACT, NS_P,

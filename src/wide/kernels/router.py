@@ -15,8 +15,15 @@ needs more than one formula: row i's margin must not depend on how many other ro
 
 * CUDA: one Triton kernel for every M. Programs of 16 rows x one slice of D (the slices depend on D
   only); fp32 partials summed in split order by the last program to arrive (``_split_reduce``), or, for
-  many rows, by the one program that computed them in turn (the same partials, the same sum); the head
-  in fp32 FMA. Nothing in a row's arithmetic depends on M or on the other rows.
+  many rows, by the one program that computed them in turn (the same partials, the same sum), or, for a
+  head of many groups, by each of the head programs that share it (below); the head in fp32 FMA. Nothing
+  in a row's arithmetic depends on M or on the other rows.
+
+The shared head (split schedule, ``SHARED_HEAD_MIN_GROUPS`` groups or more): a row block's programs draw
+tickets; the first SPLITS compute the splits of D, the next HEAD_PROGS each wait for those partials (earlier
+tickets: running or done), sum them in split order (every head program gets the same r) and compute every
+HEAD_PROGS-th block of ``SHARED_HEAD_BLOCK_G`` groups. A group's margin is the same FMA chain over the rank
+whichever program or step width computes it, so the bits do not change (docs/kernels.md#fused-decode-layer).
 * CPU (and CUDA under the interpreter): products and sums in fp64, rounded to fp32 — exact up to the
   final rounding, so independent of any BLAS blocking.
 
@@ -38,7 +45,7 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from ._split_reduce import arrive, sum_partials
+    from ._split_reduce import arrive, sum_partials, wait_for
     from ._triton_utils import pdl_begin
 
 ROUTER_BLOCK_M = 16  # rows per program, for every M (the row arithmetic must not depend on M)
@@ -49,6 +56,10 @@ MARGIN_MAX_BLOCK_G = 512
 MARGIN_MAX_BLOCK_G_SERIAL = 128
 MAX_RANK = 128
 SERIAL_MIN_BLOCKS = 64  # row blocks from which one program per block runs all its splits (default_config)
+# a head of this many groups or more is shared by one program per SHARED_HEAD_BLOCK_G groups (split schedule);
+# fewer groups run faster as one step of the last split (docs/kernels.md#fused-decode-layer)
+SHARED_HEAD_MIN_GROUPS = 129
+SHARED_HEAD_BLOCK_G = 32
 
 
 def default_config(d: int, m: int = 1) -> dict:
@@ -63,9 +74,18 @@ def default_config(d: int, m: int = 1) -> dict:
     return {"BLOCK_D": 128, "SPLITS": splits, "num_warps": 4, "HEAD_FIRST": 1, "SERIAL": serial}
 
 
-def _block_g(ng: int, serial: int, forced: int | None = None) -> int:
-    """The head's groups a step: ``forced`` (a config's BLOCK_G) or the schedule's rule."""
-    return forced or min(max(16, next_pow2(ng)), MARGIN_MAX_BLOCK_G_SERIAL if serial else MARGIN_MAX_BLOCK_G)
+def head_schedule(ng: int, conf: dict) -> tuple[int, int]:
+    """(BLOCK_G, HEAD_PROGS) of a head of ng groups under launch ``conf``: the groups a step, and the programs
+    sharing the head (0: the program that sums the partials runs it alone). A config's BLOCK_G / HEAD_PROGS
+    force them; neither changes a bit of the margins (the schedule, not the arithmetic)."""
+    serial, splits = conf.get("SERIAL", 0), conf["SPLITS"]
+    forced_g, forced_p = conf.get("BLOCK_G"), conf.get("HEAD_PROGS")
+    shared = not serial and splits > 1 and (ng >= SHARED_HEAD_MIN_GROUPS if forced_p is None else forced_p > 0)
+    if shared:
+        block_g = forced_g or SHARED_HEAD_BLOCK_G
+        return block_g, forced_p or -(-ng // block_g)
+    cap = MARGIN_MAX_BLOCK_G_SERIAL if serial else MARGIN_MAX_BLOCK_G
+    return forced_g or min(max(16, next_pow2(ng)), cap), 0
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -190,13 +210,69 @@ if HAS_TRITON:
     def _router_program(h_ptr, wd_ptr, wm_ptr, bm_ptr, out_ptr, ws_ptr, cnt_ptr, s, pm, M, D, R, NG, stride_hm,
                         stride_wd, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
                         BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, SPLITS: tl.constexpr,
-                        OUT_MARGIN: tl.constexpr, HEAD_FIRST: tl.constexpr, SERIAL: tl.constexpr):  # fmt: skip
+                        OUT_MARGIN: tl.constexpr, HEAD_FIRST: tl.constexpr, SERIAL: tl.constexpr,
+                        HEAD_PROGS: tl.constexpr):  # fmt: skip
         """One router's program (split s of D, row block pm): the arithmetic of a row depends on D and the
         tile constants only (docs/routing.md#the-decision-rule). HEAD_FIRST: every program loads the head's
         first block before its D loop (where the load overlaps), so whichever program reduces has it at hand.
         SERIAL: this program (s = 0) computes every split of its row block in turn and sums them itself: the
         same partials summed by the same code as when SPLITS programs each compute one (the schedule for many
-        row blocks, which fill the GPU without splitting D across programs)."""
+        row blocks, which fill the GPU without splitting D across programs). HEAD_PROGS > 0: the shared head
+        (``_shared_head_program``; counters 3 a row block)."""
+        if HEAD_PROGS > 0:
+            _shared_head_program(h_ptr, wd_ptr, wm_ptr, bm_ptr, out_ptr, ws_ptr, cnt_ptr + 3 * pm, pm, M, D, R, NG,
+                                 stride_hm, stride_wd, PREC, BLOCK_M, BLOCK_R, BLOCK_D, BLOCK_G, SPLITS, OUT_MARGIN,
+                                 HEAD_PROGS)  # fmt: skip
+        else:
+            _split_or_serial_program(h_ptr, wd_ptr, wm_ptr, bm_ptr, out_ptr, ws_ptr, cnt_ptr, s, pm, M, D, R, NG,
+                                     stride_hm, stride_wd, PREC, BLOCK_M, BLOCK_R, BLOCK_D, BLOCK_G, SPLITS,
+                                     OUT_MARGIN, HEAD_FIRST, SERIAL)  # fmt: skip
+
+    @triton.jit
+    def _shared_head_program(h_ptr, wd_ptr, wm_ptr, bm_ptr, out_ptr, ws_ptr, cnt, pm, M, D, R, NG, stride_hm,
+                             stride_wd, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
+                             BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, SPLITS: tl.constexpr,
+                             OUT_MARGIN: tl.constexpr, HEAD_PROGS: tl.constexpr):  # fmt: skip
+        """Row block pm's SPLITS + HEAD_PROGS programs, each by its ticket (cnt[0]): tickets < SPLITS compute that
+        split's partial and count it done (cnt[1]); the others wait for all SPLITS (earlier tickets), sum them as
+        the last split would and compute head blocks p, p + HEAD_PROGS, ..; the last of them to finish (cnt[2])
+        puts the counters back to 0."""
+        ticket = tl.atomic_add(cnt, 1, sem="relaxed", scope="gpu")
+        row0 = pm * BLOCK_M
+        offs_m = row0 + tl.arange(0, BLOCK_M)
+        in_m = offs_m < M
+        tile = BLOCK_M * BLOCK_R
+        base = ws_ptr + pm * SPLITS * tile
+        if ticket < SPLITS:
+            d_per = tl.cdiv(tl.cdiv(D, SPLITS), BLOCK_D) * BLOCK_D
+            d_lo = ticket * d_per
+            acc = _split_dot(h_ptr, wd_ptr, offs_m, in_m, d_lo, tl.minimum(d_lo + d_per, D), R, stride_hm, stride_wd,
+                             PREC, BLOCK_M, BLOCK_R, BLOCK_D)  # fmt: skip
+            offs_t = tl.arange(0, BLOCK_M)[:, None] * BLOCK_R + tl.arange(0, BLOCK_R)[None, :]
+            tl.store(base + ticket * tile + offs_t, acc)
+            tl.debug_barrier()  # every thread's partial stored before the (release) count
+            tl.atomic_add(cnt + 1, 1, sem="release", scope="gpu")
+        else:
+            p = ticket - SPLITS
+            wm, bias = _head_block(wm_ptr, bm_ptr, p * BLOCK_G, NG, R, BLOCK_R, BLOCK_G)  # off the wait's path
+            wait_for(cnt + 1, SPLITS)
+            tl.debug_barrier()
+            red = sum_partials(base, tile, BLOCK_M, SPLITS, BLOCK_M, BLOCK_R)
+            _margin_block(red, wm, bias, p * BLOCK_G, row0, out_ptr, M, NG, BLOCK_M, BLOCK_G, OUT_MARGIN)
+            for g0 in range((p + HEAD_PROGS) * BLOCK_G, NG, HEAD_PROGS * BLOCK_G):
+                wm, bias = _head_block(wm_ptr, bm_ptr, g0, NG, R, BLOCK_R, BLOCK_G)
+                _margin_block(red, wm, bias, g0, row0, out_ptr, M, NG, BLOCK_M, BLOCK_G, OUT_MARGIN)
+            if arrive(cnt + 2, HEAD_PROGS):  # every ticket drawn, every wait passed
+                tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
+                tl.atomic_xchg(cnt + 1, 0, sem="relaxed", scope="gpu")
+
+    @triton.jit
+    def _split_or_serial_program(h_ptr, wd_ptr, wm_ptr, bm_ptr, out_ptr, ws_ptr, cnt_ptr, s, pm, M, D, R, NG,
+                                 stride_hm, stride_wd, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
+                                 BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr,
+                                 SPLITS: tl.constexpr, OUT_MARGIN: tl.constexpr, HEAD_FIRST: tl.constexpr,
+                                 SERIAL: tl.constexpr):  # fmt: skip
+        """``_router_program`` with the head run by the one program that sums the partials."""
         if HEAD_FIRST:
             wm0, b0 = _head_block(wm_ptr, bm_ptr, 0, NG, R, BLOCK_R, BLOCK_G)
         else:
@@ -255,12 +331,13 @@ if HAS_TRITON:
         OUT_MARGIN: tl.constexpr,
         HEAD_FIRST: tl.constexpr,
         SERIAL: tl.constexpr,
+        HEAD_PROGS: tl.constexpr,  # programs sharing the head (0: the last split runs it)
         PDL: tl.constexpr,  # launched with programmatic dependent launch
     ):
         pdl_begin(PDL)
         _router_program(h_ptr, wd_ptr, wm_ptr, bm_ptr, out_ptr, ws_ptr, cnt_ptr, tl.program_id(0), tl.program_id(1),
                         M, D, R, NG, stride_hm, stride_wd, PREC, BLOCK_M, BLOCK_R, BLOCK_D, BLOCK_G, SPLITS,
-                        OUT_MARGIN, HEAD_FIRST, SERIAL)  # fmt: skip
+                        OUT_MARGIN, HEAD_FIRST, SERIAL, HEAD_PROGS)  # fmt: skip
 
     @triton.jit(do_not_specialize=["M"])
     def _router_pair_kernel(
@@ -278,23 +355,29 @@ if HAS_TRITON:
         BLOCK_G_A: tl.constexpr,
         BLOCK_R_B: tl.constexpr,
         BLOCK_G_B: tl.constexpr,
+        HEAD_PROGS_A: tl.constexpr,
+        HEAD_PROGS_B: tl.constexpr,
+        PROGS_A: tl.constexpr,  # programs a row block of router a runs (axis 0: the larger of the two)
+        PROGS_B: tl.constexpr,
         HEAD_FIRST: tl.constexpr,
         SERIAL: tl.constexpr,
         PDL: tl.constexpr,
     ):  # fmt: skip
-        """Grid (SPLITS or 1 when SERIAL, row blocks, 2): axis 2 picks the router; each runs its single-launch
-        program."""
+        """Grid (max(PROGS_A, PROGS_B), row blocks, 2): axis 2 picks the router; each runs its single-launch
+        program, the axis-0 programs past its own count none."""
         pdl_begin(PDL)
         s = tl.program_id(0)
         pm = tl.program_id(1)
         if tl.program_id(2) == 0:
-            _router_program(h_ptr, wd_a, wm_a, bm_a, out_a, ws_a, cnt_a, s, pm, M, D, R_A, NG_A, stride_hm,
-                            stride_wd_a, PREC, BLOCK_M, BLOCK_R_A, BLOCK_D, BLOCK_G_A, SPLITS, False,
-                            HEAD_FIRST, SERIAL)  # fmt: skip
+            if s < PROGS_A:
+                _router_program(h_ptr, wd_a, wm_a, bm_a, out_a, ws_a, cnt_a, s, pm, M, D, R_A, NG_A, stride_hm,
+                                stride_wd_a, PREC, BLOCK_M, BLOCK_R_A, BLOCK_D, BLOCK_G_A, SPLITS, False,
+                                HEAD_FIRST, SERIAL, HEAD_PROGS_A)  # fmt: skip
         else:
-            _router_program(h_ptr, wd_b, wm_b, bm_b, out_b, ws_b, cnt_b, s, pm, M, D, R_B, NG_B, stride_hm,
-                            stride_wd_b, PREC, BLOCK_M, BLOCK_R_B, BLOCK_D, BLOCK_G_B, SPLITS, False,
-                            HEAD_FIRST, SERIAL)  # fmt: skip
+            if s < PROGS_B:
+                _router_program(h_ptr, wd_b, wm_b, bm_b, out_b, ws_b, cnt_b, s, pm, M, D, R_B, NG_B, stride_hm,
+                                stride_wd_b, PREC, BLOCK_M, BLOCK_R_B, BLOCK_D, BLOCK_G_B, SPLITS, False,
+                                HEAD_FIRST, SERIAL, HEAD_PROGS_B)  # fmt: skip
 
 
 def _check_head(r: int, w_margin: torch.Tensor, b_margin: torch.Tensor) -> None:
@@ -308,16 +391,29 @@ def _check_head(r: int, w_margin: torch.Tensor, b_margin: torch.Tensor) -> None:
         raise ValueError(f"router rank {r} > {MAX_RANK}")
 
 
-def _launch(m: int, d: int, config: dict | None) -> tuple[dict, int | None]:
-    """The kernel's launch constants, and a forced head step (config's BLOCK_G) or None (``_block_g``'s rule)."""
+def _launch(m: int, d: int, config: dict | None) -> dict:
+    """The kernel's launch constants; a config's BLOCK_G / HEAD_PROGS stay in it for ``head_schedule``."""
     conf = {**default_config(d, m), **(config or {})}  # a partial config overrides the rule's keys
     splits = conf["SPLITS"]
     if splits < 1 or splits & (splits - 1):
         raise ValueError(f"SPLITS must be a power of two, got {splits}")
-    block_g = conf.pop("BLOCK_G", None)
+    block_g = conf.get("BLOCK_G")
     if block_g is not None and (block_g < 16 or block_g & (block_g - 1)):
         raise ValueError(f"BLOCK_G must be a power of two >= 16, got {block_g}")
-    return conf, block_g
+    progs = conf.get("HEAD_PROGS")
+    if progs is not None and (progs < 0 or progs > 0 and (splits == 1 or conf["SERIAL"])):
+        raise ValueError(f"HEAD_PROGS {progs}: the head is shared only in the split schedule (SPLITS > 1, SERIAL 0)")
+    return conf
+
+
+def _programs(conf: dict, head_progs: int) -> int:
+    """Programs per row block (grid axis 0): the splits (one when SERIAL) and the head's sharers."""
+    return 1 if conf["SERIAL"] else conf["SPLITS"] + head_progs
+
+
+def _kernel_consts(conf: dict) -> dict:
+    """conf without the head-schedule keys (``head_schedule`` turned them into per-router constants)."""
+    return {k: v for k, v in conf.items() if k not in ("BLOCK_G", "HEAD_PROGS")}
 
 
 def _workspace(h: torch.Tensor, blocks: int, splits: int, block_r: int) -> torch.Tensor:
@@ -332,17 +428,17 @@ def _router_triton(h, w_down, w_margin, b_margin, config: dict | None, out_margi
     out = torch.empty(m, ng, dtype=torch.float32 if out_margin else torch.bool, device=h.device)
     if m == 0:
         return out
-    conf, forced_g = _launch(m, d, config)
-    block_g = _block_g(ng, conf["SERIAL"], forced_g)  # the schedule, not the arithmetic
+    conf = _launch(m, d, config)
+    block_g, head_progs = head_schedule(ng, conf)  # the schedule, not the arithmetic
     blocks = triton.cdiv(m, ROUTER_BLOCK_M)
     block_r = max(16, next_pow2(r))
     ws = _workspace(h, blocks, conf["SPLITS"], block_r)
-    cnt = tile_counters(h, blocks)
+    cnt = tile_counters(h, 3 * blocks if head_progs else blocks)
     prec = "ieee" if h.dtype == torch.float32 else "tf32"
-    _router_kernel[(1 if conf["SERIAL"] else conf["SPLITS"], blocks)](
+    _router_kernel[(_programs(conf, head_progs), blocks)](
         h, w_down, w_margin, b_margin, out if out_margin else out.view(torch.uint8), ws, cnt, m, d, r, ng,
         h.stride(0), w_down.stride(0), PREC=prec, BLOCK_M=ROUTER_BLOCK_M, BLOCK_R=block_r, BLOCK_G=block_g,
-        OUT_MARGIN=out_margin, **conf, **pdl_launch(h),
+        OUT_MARGIN=out_margin, HEAD_PROGS=head_progs, **_kernel_consts(conf), **pdl_launch(h),
     )  # fmt: skip
     return out
 
@@ -354,22 +450,27 @@ def _router_pair_triton(h, router_a: tuple, router_b: tuple, config: dict | None
                  (router_a, router_b))  # fmt: skip
     if m == 0:
         return outs
-    conf, forced_g = _launch(m, d, config)
+    conf = _launch(m, d, config)
     blocks = triton.cdiv(m, ROUTER_BLOCK_M)
-    cnt = tile_counters(h, 2 * blocks)  # router a's tickets, then router b's
+    heads = [head_schedule(w_margin.shape[0], conf) for _, w_margin, _ in (router_a, router_b)]
+    n_cnt = [3 * blocks if progs else blocks for _, progs in heads]
+    cnt = tile_counters(h, sum(n_cnt))  # router a's tickets, then router b's
     args, tiles = [], {}
-    for k, ((w_down, w_margin, b_margin), out, tickets) in enumerate(
-        zip((router_a, router_b), outs, (cnt[:blocks], cnt[blocks:]))
+    for k, ((w_down, w_margin, b_margin), out, tickets, (block_g, progs)) in enumerate(
+        zip((router_a, router_b), outs, (cnt[: n_cnt[0]], cnt[n_cnt[0] :]), heads)
     ):
         r, ng = w_down.shape[0], w_margin.shape[0]
         block_r = max(16, next_pow2(r))
         ws = _workspace(h, blocks, conf["SPLITS"], block_r)
         args += [w_down, w_margin, b_margin, out.view(torch.uint8), ws, tickets, r, ng, w_down.stride(0)]
-        tiles["BLOCK_R_" + "AB"[k]], tiles["BLOCK_G_" + "AB"[k]] = block_r, _block_g(ng, conf["SERIAL"], forced_g)
+        ab = "AB"[k]
+        tiles |= {f"BLOCK_R_{ab}": block_r, f"BLOCK_G_{ab}": block_g, f"HEAD_PROGS_{ab}": progs,
+                  f"PROGS_{ab}": _programs(conf, progs)}  # fmt: skip
     prec = "ieee" if h.dtype == torch.float32 else "tf32"
-    _router_pair_kernel[(1 if conf["SERIAL"] else conf["SPLITS"], blocks, 2)](
-        h, *args, m, d, h.stride(0), PREC=prec, BLOCK_M=ROUTER_BLOCK_M, **tiles, **conf, **pdl_launch(h)
-    )
+    _router_pair_kernel[(max(tiles["PROGS_A"], tiles["PROGS_B"]), blocks, 2)](
+        h, *args, m, d, h.stride(0), PREC=prec, BLOCK_M=ROUTER_BLOCK_M, **tiles, **_kernel_consts(conf),
+        **pdl_launch(h),
+    )  # fmt: skip
     return outs
 
 
@@ -460,8 +561,8 @@ def router_decisions(
 ) -> torch.Tensor:
     """h: [..., D] -> execute mask [..., N_G] bool: exactly ``router_margin(...) <= 0``.
 
-    ``config`` (BLOCK_D, SPLITS, num_warps; HEAD_FIRST, SERIAL, BLOCK_G: the schedule) forces the Triton kernel
-    with those settings (tests and benchmarks; on CPU it needs TRITON_INTERPRET=1)."""
+    ``config`` (BLOCK_D, SPLITS, num_warps; HEAD_FIRST, SERIAL, BLOCK_G, HEAD_PROGS: the schedule) forces the
+    Triton kernel with those settings (tests and benchmarks; on CPU it needs TRITON_INTERPRET=1)."""
     h2 = _prepare(h, w_down, w_margin, b_margin)
     if config is not None:
         if not (HAS_TRITON and (h2.is_cuda or interpret_mode())):
