@@ -12,7 +12,7 @@ from pathlib import Path
 # The CPU interpreter runs tl.dot as a numpy (OpenBLAS) matmul. OpenBLAS's FMA kernels (Haswell and later) sum a
 # column's products in an order that depends on the column's place in the block, which a GPU's MMA does not, so the
 # kernels' bit-for-bit tests across block layouts would hold or fail by the CI machine's CPU. The AVX kernels sum
-# every column alike; OpenBLAS reads the setting once, when numpy loads it (docs/testing.md#cpu-interpreter).
+# every column alike; OpenBLAS reads the setting once, when numpy loads it (docs/kernels.md#measuring).
 if platform.machine().lower() in ("x86_64", "amd64") and "numpy" not in sys.modules:
     os.environ.setdefault("OPENBLAS_CORETYPE", "Sandybridge")
 
