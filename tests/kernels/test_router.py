@@ -161,7 +161,7 @@ def test_shared_head_is_bit_identical(shape, heads, kernel_device):
         assert torch.equal(pair[0], router_decisions(h, *other, config={**conf, "HEAD_PROGS": 0})), step
 
 
-def test_shared_head_rule_and_bad_settings():
+def test_shared_head_rule_and_bad_settings(kernel_device):
     """The split schedule shares a head of SHARED_HEAD_MIN_GROUPS groups or more, one program per
     SHARED_HEAD_BLOCK_G groups; fewer groups, one split or the serial schedule run it alone; a config that asks to
     share where no split is summed is a one-line error."""
@@ -174,9 +174,11 @@ def test_shared_head_rule_and_bad_settings():
     assert head_schedule(448, default_config(4096, 4096))[1] == 0  # serial schedule
     assert head_schedule(448, default_config(256, 1))[1] == 0  # one split: no partials to wait for
     assert head_schedule(448, {**split, "HEAD_PROGS": 0}) == (512, 0)
-    w = _router(64, 16, 130, torch.float32, "cpu")
-    with pytest.raises(ValueError, match="HEAD_PROGS 2: the head is shared only in the split schedule"):
-        router_margin_kernel(_hidden(3, 64, torch.float32, "cpu"), *w, config={"SPLITS": 1, "HEAD_PROGS": 2})
+    w = _router(64, 16, 130, torch.float32, kernel_device)
+    h = _hidden(3, 64, torch.float32, kernel_device)
+    for bad in ({"SPLITS": 1, "HEAD_PROGS": 2}, {"SPLITS": 4, "SERIAL": 1, "HEAD_PROGS": 2}):
+        with pytest.raises(ValueError, match="HEAD_PROGS 2: the head is shared only in the split schedule"):
+            router_margin_kernel(h, *w, config=bad)
 
 
 def test_serial_schedule_is_the_rule_for_many_rows():
