@@ -18,14 +18,14 @@ needs more than one formula: row i's margin must not depend on how many other ro
   many rows, by the one program that computed them in turn (the same partials, the same sum), or, for a
   head of many groups, by each of the head programs that share it (below); the head in fp32 FMA. Nothing
   in a row's arithmetic depends on M or on the other rows.
+* CPU (and CUDA under the interpreter): products and sums in fp64, rounded to fp32 — exact up to the
+  final rounding, so independent of any BLAS blocking.
 
 The shared head (split schedule, ``SHARED_HEAD_MIN_GROUPS`` groups or more): a row block's programs draw
 tickets; the first SPLITS compute the splits of D, the next HEAD_PROGS each wait for those partials (earlier
 tickets: running or done), sum them in split order (every head program gets the same r) and compute every
 HEAD_PROGS-th block of ``SHARED_HEAD_BLOCK_G`` groups. A group's margin is the same FMA chain over the rank
 whichever program or step width computes it, so the bits do not change (docs/kernels.md#fused-decode-layer).
-* CPU (and CUDA under the interpreter): products and sums in fp64, rounded to fp32 — exact up to the
-  final rounding, so independent of any BLAS blocking.
 
 ``router_margin`` returns the margin (differentiable: training), ``router_decisions`` the execute mask
 (bool, the runtime); ``router_decisions_pair`` decides two routers that read the same input in one launch,
@@ -416,6 +416,12 @@ def _kernel_consts(conf: dict) -> dict:
     return {k: v for k, v in conf.items() if k not in ("BLOCK_G", "HEAD_PROGS")}
 
 
+def _counters(blocks: int, head_progs: int) -> int:
+    """Ticket counters a launch takes: one a row block, or three with a shared head (tickets, splits done, head
+    programs done; ``_shared_head_program``)."""
+    return (3 if head_progs else 1) * blocks
+
+
 def _workspace(h: torch.Tensor, blocks: int, splits: int, block_r: int) -> torch.Tensor:
     """fp32 partials [blocks, SPLITS, BLOCK_M, BLOCK_R] (one element when there is nothing to reduce)."""
     n = blocks * splits * ROUTER_BLOCK_M * block_r if splits > 1 else 1
@@ -433,7 +439,7 @@ def _router_triton(h, w_down, w_margin, b_margin, config: dict | None, out_margi
     blocks = triton.cdiv(m, ROUTER_BLOCK_M)
     block_r = max(16, next_pow2(r))
     ws = _workspace(h, blocks, conf["SPLITS"], block_r)
-    cnt = tile_counters(h, 3 * blocks if head_progs else blocks)
+    cnt = tile_counters(h, _counters(blocks, head_progs))
     prec = "ieee" if h.dtype == torch.float32 else "tf32"
     _router_kernel[(_programs(conf, head_progs), blocks)](
         h, w_down, w_margin, b_margin, out if out_margin else out.view(torch.uint8), ws, cnt, m, d, r, ng,
@@ -453,7 +459,7 @@ def _router_pair_triton(h, router_a: tuple, router_b: tuple, config: dict | None
     conf = _launch(m, d, config)
     blocks = triton.cdiv(m, ROUTER_BLOCK_M)
     heads = [head_schedule(w_margin.shape[0], conf) for _, w_margin, _ in (router_a, router_b)]
-    n_cnt = [3 * blocks if progs else blocks for _, progs in heads]
+    n_cnt = [_counters(blocks, progs) for _, progs in heads]
     cnt = tile_counters(h, sum(n_cnt))  # router a's tickets, then router b's
     args, tiles = [], {}
     for k, ((w_down, w_margin, b_margin), out, tickets, (block_g, progs)) in enumerate(
