@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
-# Run 3: the router tests on the GPU after run 2's one failure (test_shared_head_rule_and_bad_settings built its
+# Run 3: the GPU suite after run 2's one failure (test_shared_head_rule_and_bad_settings built its
 # inputs on the CPU, so on a GPU machine the kernel refused them before the check under test), and the head step
 # again at G 32 (32 vs 64 groups a program, alternating, as run 1 and run 2 ordered them differently).
 export PYTHONPATH=$PWD/src
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/gpu3.txt"
-N=""; python3 -c "import xdist" 2>/dev/null && N="-n 8"
-WIDE_AUTOTUNE_MAX=1 timeout 200 python3 -m pytest -q $N -p no:cacheprovider tests/kernels/test_router.py \
-  > "$OUT/router-tests.log" 2>&1; echo "pytest exit $?" >> "$OUT/router-tests.log"; tail -2 "$OUT/router-tests.log"
+# The whole GPU suite (kernels + runtime), not only the router's file: ff40157's host-side changes ran on the CPU only.
+TEST_S=330 BENCH_S=0 PROF_S=0 bash scripts/device/decode.sh; tail -2 "$OUT/gpu-tests-h200.log"
 GRID='[{"HEAD_PROGS": 0}, {}, {"HEAD_PROGS": 7, "BLOCK_G": 64}, {}, {"HEAD_PROGS": 7, "BLOCK_G": 64}, {"HEAD_PROGS": 0}]'
 timeout 120 python3 scripts/tune_fused_decode.py --out "$OUT/router3-g32" --budget-s 100 --kernels router \
   --batches 1,16 --ffn-group-size 32 --grid "$GRID" > "$OUT/router3-g32.log" 2>&1
