@@ -71,6 +71,27 @@ def test_fused_decode_routers_read_what_the_masked_path_reads(router_input, sour
     assert any(not torch.equal(a, b) for a, b in zip(residual, [m for pair in rt.fused_masks for m in pair]))
 
 
+@pytest.mark.parametrize("source", ["block", "layer"])
+def test_router_overlap_gives_the_same_tokens_bit_for_bit(source):
+    """router_overlap=1 (the GPU's rule: the routers beside a QKV launch that computes every Q head) and 0 (QKV
+    after the routers, skipping Q heads) give the same logits: a Q head's GEMV does not depend on its
+    neighbours, and attention and O ignore the heads of groups no token runs."""
+    from wide.kernels.fused_decode import launch_overrides
+
+    _, wm = _routed("llama", seed=5, source=source)
+    ids = torch.randint(0, 101, (3, 4))
+    runs = {}
+    for overlap in (0, 1):
+        with launch_overrides(router_overlap=overlap):
+            rt = WideRuntime(wm, max_batch=3, max_seq=16, fused_decode=True)
+            rt.prefill(ids)
+            runs[overlap] = [rt.decode(ids[:, -1:] + k) for k in range(3)], rt.fused_masks
+    (la, ma), (lb, mb) = runs[0], runs[1]
+    assert all(torch.equal(a, b) for a, b in zip(la, lb, strict=True))
+    assert all(torch.equal(a, b) for pa, pb in zip(ma, mb, strict=True) for a, b in zip(pa, pb, strict=True))
+    assert any(not bool(m.all()) for m, _ in ma)  # some group skipped, so the two QKV launches differed
+
+
 @pytest.mark.parametrize("routed", [True, False])
 def test_fused_decode_logits_match_unfused(routed):
     _, wm = _routed("llama", seed=2)
@@ -152,6 +173,25 @@ def test_fused_cuda_graph_decode_equals_unfused_on_gpu(routed):
     assert torch.equal(fused, unfused)
     if routed:
         assert torch.equal(fused, _masked_greedy(wm, ids, 8))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("source", ["block", "layer"])
+def test_router_overlap_in_a_cuda_graph_gives_the_same_tokens(source):
+    """The routers on the side stream, captured with the rest of the step (fork and join in the graph): the same
+    greedy tokens as the routers before QKV on one stream, and as the masked path."""
+    from wide.kernels.fused_decode import launch_overrides
+
+    _, wm = _routed("llama", seed=6, source=source)
+    wm = wm.cuda()
+    ids = torch.randint(0, 101, (2, 6), device="cuda")
+    out = {}
+    for overlap in (0, 1):
+        with launch_overrides(router_overlap=overlap):
+            out[overlap] = generate(WideRuntime(wm, max_batch=2, max_seq=32, fused_decode=True), ids, 8)
+    assert torch.equal(out[0], out[1])
+    assert torch.equal(out[1], _masked_greedy(wm, ids, 8))
 
 
 _NO_KERNEL = {"view", "empty", "empty_strided", "_unsafe_view", "reshape", "select", "slice", "alias", "as_strided",

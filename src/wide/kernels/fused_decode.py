@@ -64,6 +64,9 @@ if HAS_TRITON:
 MAX_BATCH = 16  # decode only: one 16-row tensor-core tile holds the batch
 
 
+_SWITCHES = ("compact_k", "router_overlap")  # LaunchOverrides fields that are 0 / 1
+
+
 @dataclass(frozen=True)
 class LaunchOverrides:
     """Launch shapes that replace this module's shape rules (None: the rule), for GPU sweeps
@@ -76,7 +79,8 @@ class LaunchOverrides:
     compact_k: 1 (the rule) the routed O and down loops visit only the K steps of groups some token runs (a
     list per program), 0 they predicate the others off; norm_tile: elements per step of the norm tails;
     attn_splits: KV splits of decode attention (any count), attn_block_n: keys per step (a power of two >= 16),
-    attn_warps."""
+    attn_warps; router_overlap: 1 the layer's routers run on a side stream beside a QKV launch that computes
+    every Q head, 0 they run before it and QKV skips the Q heads of groups no token runs (``router_overlap``)."""
 
     block_k: int | None = None
     num_warps: int | None = None
@@ -96,13 +100,14 @@ class LaunchOverrides:
     attn_splits: int | None = None
     attn_block_n: int | None = None
     attn_warps: int | None = None
+    router_overlap: int | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.name == "compact_k" and v not in (None, 0, 1):
-                raise ValueError(f"launch override compact_k must be 0 or 1, got {v!r}")
-            if f.name != "compact_k" and v is not None and (not isinstance(v, int) or v < 1):
+            if f.name in _SWITCHES and v not in (None, 0, 1):
+                raise ValueError(f"launch override {f.name} must be 0 or 1, got {v!r}")
+            if f.name not in _SWITCHES and v is not None and (not isinstance(v, int) or v < 1):
                 raise ValueError(f"launch override {f.name} must be a positive int, got {v!r}")
             pow2 = f.name.endswith("_splits") and f.name != "attn_splits" or f.name in ("attn_block_n", "down_span")
             if v is not None and pow2 and v & (v - 1):
@@ -729,6 +734,14 @@ if HAS_TRITON:
 # --------------------------------------------------------------------------------------------------
 # Launch configuration
 # --------------------------------------------------------------------------------------------------
+def router_overlap(t: torch.Tensor) -> bool:
+    """Whether a routed decode layer on ``t``'s device runs its routers beside the QKV launch (on a side stream;
+    QKV then computes every Q head, which the routed attention and O ignore for groups no token runs) instead
+    of before it. The rule: on the GPU. A Q head is the same GEMV whether or not its neighbours run, so both
+    give the same logits bit for bit (docs/kernels.md#fused-decode-layer)."""
+    return bool(_ov("router_overlap", int(t.is_cuda)))
+
+
 def _prec(t: torch.Tensor) -> str:
     return "ieee" if t.dtype == torch.float32 else "tf32"
 

@@ -7,6 +7,9 @@ Per layer (``wide.kernels.fused_decode``; docs/kernels.md, "Fused decode layer")
   routed, FFN router on the layer input (ffn_router_source="layer"):
            router_decisions_pair(h) -> qkv_rope_cache -> attention_decode_merged
            -> o_proj_residual_norm -> ffn_residual_norm                                  (5 launches)
+  On the GPU (``FD.router_overlap``) the layer's first router launch runs on a side stream beside
+  qkv_rope_cache, which then computes every Q head; attention waits for both. Off the critical path, the
+  router costs the Q heads it would have skipped instead of its latency (docs/kernels.md#fused-decode-layer).
   dense:   qkv_rope_cache -> attention_decode_merged -> o_proj_residual_norm -> ffn_residual_norm (4)
 
 The hidden state h a router reads is the RMSNorm the previous kernel wrote in the model dtype (the
@@ -20,6 +23,7 @@ unchanged (``wide.runtime.model.layer_step``). No host sync: CUDA-graph capturab
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import NamedTuple
 
 import torch
@@ -144,13 +148,22 @@ def fused_decode_step(rt, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     final = rt.hf.model.norm
     masks = []  # per layer (attention [B, Hk], FFN [B, G]) when routed: rt.fused_masks (benchmarks read them)
     early = st.ffn_router_from_layer  # the FFN router reads the layer input
+    overlap = rt.routed and FD.router_overlap(x)
+    main, side = (torch.cuda.current_stream(x.device), rt.router_stream) if overlap and x.is_cuda else (None, None)
     for i, w in enumerate(layers):
         rin = x if st.router_residual else h  # [B, D]: what the routers read
-        mask_a, mask_f = decide(rin, w.router_attn, w.router_ffn if early else None)
+        if side is not None:  # fork: the side stream starts once h is written
+            side.wait_stream(main)
+        # The masks are allocated on the side stream and read on the main one: they stay alive in rt.fused_masks
+        # until the next step, whose first fork waits for every read of them.
+        with torch.cuda.stream(side) if side is not None else nullcontext():
+            mask_a, mask_f = decide(rin, w.router_attn, w.router_ffn if early else None)
         q = FD.qkv_rope_cache(
-            h, w.w_qkv, w.b_qkv, mask_a, cos, sin, p, rt.cache.k[i], rt.cache.v[i], st.n_q,
+            h, w.w_qkv, w.b_qkv, None if overlap else mask_a, cos, sin, p, rt.cache.k[i], rt.cache.v[i], st.n_q,
             w.q_norm, w.k_norm, st.qk_eps,
         )  # fmt: skip
+        if side is not None:  # join: attention reads the attention mask
+            main.wait_stream(side)
         o = FD.attention_decode_merged(
             q, rt.cache.k[i], rt.cache.v[i], lens, mask_a if mask_a is not None else dense_mask, len_add=1
         )

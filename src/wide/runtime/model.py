@@ -377,9 +377,11 @@ class WideRuntime:
         if fused_decode is None:
             fused_decode = p.is_cuda and fused_unsupported(self, max_batch) is None
         self.fused_layers = None  # fused_decode: decode runs wide.runtime.fused (<= 6 launches per layer)
+        self.router_stream = None  # the fused step's side stream for the routers (fused_decode_step)
         if fused_decode:
             check_fused(self, max_batch)
             self.fused_layers = build_fused_layers(self)
+            self.router_stream = torch.cuda.Stream(p.device) if p.is_cuda and routed else None
 
     def _layer_weights(self, i: int, layer) -> LayerWeights:
         at, mlp = layer.self_attn, layer.mlp
