@@ -5,7 +5,7 @@
 export PYTHONPATH=$PWD/src
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/gpu.txt"
 ab() {  # $1: folder, $2: router_overlap
-  timeout 130 python3 scripts/bench_decode.py --out "$OUT/$1" --budget-s 105 --fused-only --no-hf \
+  timeout "${AB_S:-130}" python3 scripts/bench_decode.py --out "$OUT/$1" --budget-s $((${AB_S:-130} - 25)) --fused-only --no-hf \
     --sparsities 0,0.5,0.7 --ffn-router-sources block,layer --tune "router_overlap=$2" > "$OUT/$1.log" 2>&1
 }
 ab overlap0 0
