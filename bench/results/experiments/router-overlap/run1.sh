@@ -11,10 +11,12 @@ ab() {  # $1: folder, $2: router_overlap
 ab overlap0 0
 ab overlap1 1
 python3 bench/results/experiments/router-overlap/summary.py "$OUT"/overlap0 "$OUT"/overlap1 | tee "$OUT/summary.txt"
-# The suites the change touches (the runtime, the fused kernels, the router), as decode.sh's TEST_S step runs them.
+# The GPU tests: the runtime's (TESTS=all: with the fused kernels' and the router's, as decode.sh's TEST_S step).
 N=""; python3 -c "import xdist" 2>/dev/null && N="-n 8"
-WIDE_AUTOTUNE_MAX=1 timeout "${TEST_S:-230}" python3 -m pytest -q -m "not slow" $N -p no:cacheprovider tests/runtime \
-  tests/kernels/test_fused_decode.py tests/kernels/test_router.py > "$OUT/gpu-tests.log" 2>&1
+sel=(-m "gpu and not slow" tests/runtime/test_fused_runtime.py)
+[ "${TESTS:-}" = all ] && sel=(-m "not slow" tests/runtime tests/kernels/test_fused_decode.py tests/kernels/test_router.py)
+# shellcheck disable=SC2086  # $N: zero or two args
+WIDE_AUTOTUNE_MAX=1 timeout "${TEST_S:-230}" python3 -m pytest -q $N -p no:cacheprovider "${sel[@]}" > "$OUT/gpu-tests.log" 2>&1
 echo "pytest exit $?" >> "$OUT/gpu-tests.log"; tail -2 "$OUT/gpu-tests.log"
 tar czf "$OUT/runs.tgz" -C "$OUT" overlap0 overlap1 overlap0.log overlap1.log && rm -rf "$OUT"/overlap[01]*
 echo "elapsed $SECONDS"
