@@ -11,8 +11,9 @@ for name, recs in runs.items():
     for r in recs:
         if r.get("tpot_ms") is None or r["variant"] not in ("dense", "wide"):
             continue
-        k = (r["B"], r["variant"], r.get("ffn_group_size"), r.get("ffn_router_source"), str(r["sparsity"]))
+        tune = ",".join(f"{a}={v}" for a, v in (r.get("fused_tune") or {}).items())
+        k = (r["B"], r["variant"], r.get("ffn_group_size"), r.get("ffn_router_source"), str(r["sparsity"]), tune)
         keys.setdefault(k, {})[name] = f"{r['tpot_ms']:.3f} ms ({dense[r['B']] / r['tpot_ms']:.3f}x)"
-print("B variant G source level | " + " | ".join(runs))
+print("B variant G source level tune | " + " | ".join(runs))
 for k in sorted(keys, key=str):
     print(*k, "|", " | ".join(keys[k].get(n, "-") for n in runs))
