@@ -6,7 +6,7 @@
 export PYTHONPATH=$PWD/src
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/gpu.txt"
 timeout "${AB_S:-175}" python3 scripts/bench_decode.py --out "$OUT/ab" --budget-s $((${AB_S:-175} - 25)) --fused-only \
-  --no-hf --no-check --sparsities 0,0.5,0.7 --ffn-router-sources block,layer \
+  --no-hf --no-check --sparsities "${SPARS:-0,0.5,0.7}" --ffn-router-sources block,layer \
   --fused-tunes "router_overlap=0/router_overlap=1" > "$OUT/ab.log" 2>&1
 python3 bench/results/experiments/router-overlap/summary.py "$OUT"/ab | tee "$OUT/summary.txt"
 N=""; python3 -c "import xdist" 2>/dev/null && N="-n 8"
