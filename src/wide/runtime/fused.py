@@ -7,9 +7,10 @@ Per layer (``wide.kernels.fused_decode``; docs/kernels.md, "Fused decode layer")
   routed, FFN router on the layer input (ffn_router_source="layer"):
            router_decisions_pair(h) -> qkv_rope_cache -> attention_decode_merged
            -> o_proj_residual_norm -> ffn_residual_norm                                  (5 launches)
-  On the GPU (``FD.router_overlap``) the layer's first router launch runs on a side stream beside
-  qkv_rope_cache, which then computes every Q head; attention waits for both. Off the critical path, the
-  router costs the Q heads it would have skipped instead of its latency (docs/kernels.md#fused-decode-layer).
+  With ``FD.router_overlap`` (``launch_overrides(router_overlap=1)``) the layer's first router launch runs on a
+  side stream beside qkv_rope_cache, which then computes every Q head; attention waits for both. Off the
+  critical path, the router costs the Q heads it would have skipped instead of its latency
+  (docs/kernels.md#fused-decode-layer).
   dense:   qkv_rope_cache -> attention_decode_merged -> o_proj_residual_norm -> ffn_residual_norm (4)
 
 The hidden state h a router reads is the RMSNorm the previous kernel wrote in the model dtype (the
@@ -148,7 +149,7 @@ def fused_decode_step(rt, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     final = rt.hf.model.norm
     masks = []  # per layer (attention [B, Hk], FFN [B, G]) when routed: rt.fused_masks (benchmarks read them)
     early = st.ffn_router_from_layer  # the FFN router reads the layer input
-    overlap = rt.routed and FD.router_overlap(x)
+    overlap = rt.routed and FD.router_overlap()
     main, side = (torch.cuda.current_stream(x.device), rt.router_stream) if overlap and x.is_cuda else (None, None)
     for i, w in enumerate(layers):
         rin = x if st.router_residual else h  # [B, D]: what the routers read
