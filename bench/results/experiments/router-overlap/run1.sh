@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Run 1: the routers on a side stream beside a QKV launch that computes every Q head (router_overlap=1, the new
-# rule on the GPU) against the routers before QKV (router_overlap=0), measured row by row in one process (fused
+# Run 1: the routers on a side stream beside a QKV launch that computes every Q head (router_overlap=1, the candidate
+# rule) against the routers before QKV (router_overlap=0, the rule), measured row by row in one process (fused
 # decode only, Llama-3.1-8B shapes, ctx 4,096, both FFN router inputs); then the GPU tests of the fused runtime
-# (TESTS=all: with the fused kernels' and the router's, as decode.sh's TEST_S step).
+# (TESTS=all: the whole GPU suite, kernels + runtime, as decode.sh's TEST_S step).
 export PYTHONPATH=$PWD/src
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/gpu.txt"
 timeout "${AB_S:-175}" python3 scripts/bench_decode.py --out "$OUT/ab" --budget-s $((${AB_S:-175} - 25)) --fused-only \
@@ -11,7 +11,7 @@ timeout "${AB_S:-175}" python3 scripts/bench_decode.py --out "$OUT/ab" --budget-
 python3 bench/results/experiments/router-overlap/summary.py "$OUT"/ab | tee "$OUT/summary.txt"
 N=""; python3 -c "import xdist" 2>/dev/null && N="-n 8"
 sel=(-m "gpu and not slow" tests/runtime/test_fused_runtime.py)
-[ "${TESTS:-}" = all ] && sel=(-m "not slow" tests/runtime tests/kernels/test_fused_decode.py tests/kernels/test_router.py)
+[ "${TESTS:-}" = all ] && sel=(-m "not slow" tests/kernels tests/runtime)
 # shellcheck disable=SC2086  # $N: zero or two args
 WIDE_AUTOTUNE_MAX=1 timeout "${TEST_S:-60}" python3 -m pytest -q $N -p no:cacheprovider "${sel[@]}" > "$OUT/gpu-tests.log" 2>&1
 echo "pytest exit $?" >> "$OUT/gpu-tests.log"; tail -2 "$OUT/gpu-tests.log"
