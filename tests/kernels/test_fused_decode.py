@@ -447,8 +447,11 @@ def test_launch_overrides_are_checked_and_scoped():
     for k in ("block_k", "down_block_k"):  # a GPU tensor-core dot needs K >= 16; the interpreter does not
         with pytest.raises(ValueError, match="at least 16"):
             FD.launch_overrides(**{k: 8}).__enter__()
-    with pytest.raises(ValueError, match="0 or 1"):
-        FD.launch_overrides(compact_k=2).__enter__()
+    for k in ("compact_k", "router_overlap"):
+        with pytest.raises(ValueError, match=f"{k} must be 0 or 1"):
+            FD.launch_overrides(**{k: 2}).__enter__()
+    with FD.launch_overrides(router_overlap=0):  # a switch may be 0 (the other fields: positive)
+        assert not FD.router_overlap()
     FD.launch_overrides(attn_splits=3)  # any KV split count
     with FD.launch_overrides(o_splits=4) as ov:
         assert ov.o_splits == 4 and ov.ffn_splits is None

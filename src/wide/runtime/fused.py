@@ -7,11 +7,11 @@ Per layer (``wide.kernels.fused_decode``; docs/kernels.md, "Fused decode layer")
   routed, FFN router on the layer input (ffn_router_source="layer"):
            router_decisions_pair(h) -> qkv_rope_cache -> attention_decode_merged
            -> o_proj_residual_norm -> ffn_residual_norm                                  (5 launches)
-  With ``FD.router_overlap`` (``launch_overrides(router_overlap=1)``) the layer's first router launch runs on a
-  side stream beside qkv_rope_cache, which then computes every Q head; attention waits for both. Off the
-  critical path, the router costs the Q heads it would have skipped instead of its latency
-  (docs/kernels.md#fused-decode-layer).
   dense:   qkv_rope_cache -> attention_decode_merged -> o_proj_residual_norm -> ffn_residual_norm (4)
+
+With ``FD.router_overlap`` (``launch_overrides(router_overlap=1)``) a routed layer's first router launch runs on a
+side stream beside qkv_rope_cache, which then computes every Q head; attention waits for both. Off the critical
+path, the router costs the Q heads it would have skipped instead of its latency (docs/kernels.md#fused-decode-layer).
 
 The hidden state h a router reads is the RMSNorm the previous kernel wrote in the model dtype (the
 first layer's by one norm launch per step; the last layer's FFN kernel applies the model's final norm),
@@ -156,7 +156,8 @@ def fused_decode_step(rt, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         if side is not None:  # fork: the side stream starts once h is written
             side.wait_stream(main)
         # The masks are allocated on the side stream and read on the main one: they stay alive in rt.fused_masks
-        # until the next step, whose first fork waits for every read of them.
+        # until the next step ends, and the side stream allocates again only after a fork, which waits for every
+        # read queued on the main stream.
         with torch.cuda.stream(side) if side is not None else nullcontext():
             mask_a, mask_f = decide(rin, w.router_attn, w.router_ffn if early else None)
         q = FD.qkv_rope_cache(
