@@ -108,3 +108,28 @@ def test_decode_accounting_counts_the_step_reads(tmp_path):
         context=12, reps=1,
     )  # fmt: skip
     assert unfused[0]["bytes_read"] is not None and unfused[1]["bytes_read"] is None
+
+
+def test_decode_bytes_count_every_q_head_when_the_routers_overlap_qkv():
+    """With router_overlap the fused QKV launch reads every Q row; O still reads only the union's."""
+    import torch
+
+    from tests.conftest import tiny_model
+    from wide.bench.e2e import decode_bytes
+    from wide.config import WideConfig
+    from wide.kernels.fused_decode import launch_overrides
+    from wide.model import WideModel
+    from wide.runtime import WideRuntime
+
+    model = tiny_model("llama", layers=2, hidden=128, heads=4, kv=2, inter=96, seed=0)
+    rt = WideRuntime(WideModel(model, WideConfig(ffn_group_size=16, router_rank=8)), max_batch=2, max_seq=8,
+                     fused_decode=True)  # fmt: skip
+    masks = [(torch.tensor([[True, False], [False, False]]), torch.ones(2, 6, dtype=torch.bool))] * 2
+    before, _ = decode_bytes(rt, 2, 4, masks)
+    with launch_overrides(router_overlap=1):
+        after, _ = decode_bytes(rt, 2, 4, masks)
+    skipped_q = 2 * (4 // 2) * 32 * 128 * 4  # layers x the skipped group's Q heads x head_dim x D x fp32
+    assert after - before == skipped_q
+    dense, _ = decode_bytes(rt, 2, 4, None)
+    with launch_overrides(router_overlap=1):
+        assert decode_bytes(rt, 2, 4, None)[0] == dense  # a dense step has no routers to overlap

@@ -150,7 +150,8 @@ def fused_decode_step(rt, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     masks = []  # per layer (attention [B, Hk], FFN [B, G]) when routed: rt.fused_masks (benchmarks read them)
     early = st.ffn_router_from_layer  # the FFN router reads the layer input
     overlap = rt.routed and FD.router_overlap()
-    main, side = (torch.cuda.current_stream(x.device), rt.router_stream) if overlap and x.is_cuda else (None, None)
+    side = rt.router_stream if overlap else None  # None on the CPU: the same launches, in order
+    main = torch.cuda.current_stream(x.device) if side is not None else None
     for i, w in enumerate(layers):
         rin = x if st.router_residual else h  # [B, D]: what the routers read
         if side is not None:  # fork: the side stream starts once h is written
