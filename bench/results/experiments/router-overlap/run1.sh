@@ -15,5 +15,5 @@ sel=(-m "gpu and not slow" tests/runtime/test_fused_runtime.py)
 # shellcheck disable=SC2086  # $N: zero or two args
 WIDE_AUTOTUNE_MAX=1 timeout "${TEST_S:-60}" python3 -m pytest -q $N -p no:cacheprovider "${sel[@]}" > "$OUT/gpu-tests.log" 2>&1
 echo "pytest exit $?" >> "$OUT/gpu-tests.log"; tail -2 "$OUT/gpu-tests.log"
-mv "$OUT"/ab/decode-h200.json "$OUT"/ab.json; mv "$OUT"/ab/decode-h200.md "$OUT"/ab.md; rmdir "$OUT"/ab
+mv "$OUT"/ab/decode-*.json "$OUT"/ab.json; mv "$OUT"/ab/decode-*.md "$OUT"/ab.md; rmdir "$OUT"/ab
 echo "elapsed $SECONDS"
