@@ -1,10 +1,10 @@
-"""TPOT per (B, FFN router input, level) for each decode-h200.json folder given, and against its own run's dense."""
+"""TPOT per (B, FFN router input, level) for each decode-<card>.json folder given, and against its own run's dense."""
 
 import json
 import sys
 from pathlib import Path
 
-runs = {Path(d).name: json.loads((Path(d) / "decode-h200.json").read_text())["records"] for d in sys.argv[1:]}
+runs = {Path(d).name: json.loads(next(Path(d).glob("decode-*.json")).read_text())["records"] for d in sys.argv[1:]}
 keys: dict = {}
 for name, recs in runs.items():
     dense = {r["B"]: r["tpot_ms"] for r in recs if r["variant"] == "dense" and r.get("tpot_ms")}
