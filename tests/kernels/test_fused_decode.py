@@ -450,8 +450,11 @@ def test_launch_overrides_are_checked_and_scoped():
     for k in ("compact_k", "router_overlap"):
         with pytest.raises(ValueError, match=f"{k} must be 0 or 1"):
             FD.launch_overrides(**{k: 2}).__enter__()
+    assert FD.router_overlap(True) and not FD.router_overlap(False)  # the rule: beside QKV where a stream exists
     with FD.launch_overrides(router_overlap=0):  # a switch may be 0 (the other fields: positive)
-        assert not FD.router_overlap()
+        assert not FD.router_overlap(True)
+    with FD.launch_overrides(router_overlap=1):
+        assert FD.router_overlap(False)
     FD.launch_overrides(attn_splits=3)  # any KV split count
     with FD.launch_overrides(o_splits=4) as ov:
         assert ov.o_splits == 4 and ov.ffn_splits is None

@@ -73,8 +73,8 @@ def test_fused_decode_routers_read_what_the_masked_path_reads(router_input, sour
 
 @pytest.mark.parametrize("source", ["block", "layer"])
 def test_router_overlap_gives_the_same_tokens_bit_for_bit(source):
-    """router_overlap=1 (the routers beside a QKV launch that computes every Q head) and 0 (the rule: QKV
-    after the routers, skipping Q heads) give the same logits: a Q head's GEMV does not depend on its
+    """router_overlap=1 (the GPU's rule: the routers beside a QKV launch that computes every Q head) and 0 (the
+    CPU's: QKV after the routers, skipping Q heads) give the same logits: a Q head's GEMV does not depend on its
     neighbours, and attention and O ignore the heads of groups no token runs."""
     from wide.kernels.fused_decode import launch_overrides
 

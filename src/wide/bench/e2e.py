@@ -185,7 +185,7 @@ def decode_bytes(rt: WideRuntime, batch: int, ctx: int, masks: list | None) -> t
     step computes every Q head: ``fused_decode.router_overlap``), K / V projections whole, the K / V cache rows
     of the (token, group) pairs that run, the routers' projections, lm_head (norms and the embedding row are
     negligible). Returns (bytes, mean union / per-token run fractions)."""
-    q_whole = masks is not None and router_overlap()
+    q_whole = masks is not None and router_overlap(rt.hf.lm_head.weight.is_cuda)
     d, el = rt.wm.dims, rt.hf.lm_head.weight.element_size()
     dm, hq, hk, hd = d.hidden, d.n_q_heads, d.n_kv_heads, d.head_dim
     df = rt.layers[0].mlp.down_proj.weight.shape[1]

@@ -735,14 +735,14 @@ if HAS_TRITON:
 # --------------------------------------------------------------------------------------------------
 # Launch configuration
 # --------------------------------------------------------------------------------------------------
-def router_overlap() -> bool:
+def router_overlap(cuda: bool) -> bool:
     """Whether a routed decode layer runs its routers beside the QKV launch (on a side stream;
     QKV then computes every Q head, which the routed attention and O ignore for groups no token runs) instead
     of before it. A Q head is the same GEMV whether or not its neighbours run, so both give the same logits bit
-    for bit. The rule: before QKV (the measured schedule) until the overlap is measured against it
-    (docs/kernels.md#fused-decode-layer); ``launch_overrides(router_overlap=1)`` turns it on, also on the CPU
-    (no side stream there: the same launches in order, for the tests)."""
-    return bool(_ov("router_overlap", 0))
+    for bit. The rule: beside QKV wherever a side stream exists (cuda), before it on the CPU, where the launches
+    run in order anyway (docs/kernels.md#fused-decode-layer); ``launch_overrides(router_overlap=0 / 1)`` forces
+    either, also on the CPU (no side stream there: the same launches in order, for the tests)."""
+    return bool(_ov("router_overlap", int(cuda)))
 
 
 def _prec(t: torch.Tensor) -> str:

@@ -9,9 +9,10 @@ Per layer (``wide.kernels.fused_decode``; docs/kernels.md, "Fused decode layer")
            -> o_proj_residual_norm -> ffn_residual_norm                                  (5 launches)
   dense:   qkv_rope_cache -> attention_decode_merged -> o_proj_residual_norm -> ffn_residual_norm (4)
 
-With ``FD.router_overlap`` (``launch_overrides(router_overlap=1)``) a routed layer's first router launch runs on a
-side stream beside qkv_rope_cache, which then computes every Q head; attention waits for both. Off the critical
-path, the router costs the Q heads it would have skipped instead of its latency (docs/kernels.md#fused-decode-layer).
+On a GPU (``FD.router_overlap``; ``launch_overrides(router_overlap=0)`` turns it off) a routed layer's first router
+launch runs on a side stream beside qkv_rope_cache, which then computes every Q head; attention waits for both. Off
+the critical path, the router costs the Q heads it would have skipped instead of its latency
+(docs/kernels.md#fused-decode-layer).
 
 The hidden state h a router reads is the RMSNorm the previous kernel wrote in the model dtype (the
 first layer's by one norm launch per step; the last layer's FFN kernel applies the model's final norm),
@@ -149,7 +150,7 @@ def fused_decode_step(rt, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     final = rt.hf.model.norm
     masks = []  # per layer (attention [B, Hk], FFN [B, G]) when routed: rt.fused_masks (benchmarks read them)
     early = st.ffn_router_from_layer  # the FFN router reads the layer input
-    overlap = rt.routed and FD.router_overlap()
+    overlap = rt.routed and FD.router_overlap(x.is_cuda)
     side = rt.router_stream if overlap else None  # None on the CPU: the same launches, in order
     main = torch.cuda.current_stream(x.device) if side is not None else None
     for i, w in enumerate(layers):
