@@ -1,6 +1,6 @@
 """Routed decode attention vs SDPA, the decode rows of `wide bench kernels` alone (one H200, ~1 minute).
 
-    python scripts/bench_attention_decode.py --out $OUT     # -> $OUT/attn-decode-h200.json and .md
+    python scripts/bench_attention_decode.py --out $OUT     # -> $OUT/attn-decode-CARD.json and .md
 
 Llama-3.1-8B attention shapes (Hq 32, Hk 8, d 128), bf16, B 1 / 16 / 64 at 4,096 and 32,768 cached tokens,
 sparsity 0 / 25 / 50 / 70%: each level cycles many i.i.d. [B, Hk] mask draws (``mask_draws``), so that the
@@ -18,6 +18,7 @@ import time
 import torch
 
 from wide.bench.attention_bench import bench_decode
+from wide.bench.timing import card_tag
 
 
 def main() -> None:
@@ -40,7 +41,7 @@ def main() -> None:
         "torch": torch.__version__,
         "wall_s": time.time() - t0,
     }
-    with open(os.path.join(args.out, "attn-decode-h200.json"), "w") as fh:
+    with open(os.path.join(args.out, f"attn-decode-{card_tag()}.json"), "w") as fh:
         json.dump({"meta": meta, "records": rows}, fh, indent=1)
     lines = [f"# Routed decode attention vs SDPA ({meta['device']})", "", f"Command: `{meta['command']}`", "",
              "| B | ctx | sparsity | real sparsity | mask draws | SDPA ms | WIDE ms | speed-up |",
@@ -50,7 +51,7 @@ def main() -> None:
             f"| {r['B']} | {r['ctx']} | {r['sparsity']:.2f} | {r['real_sparsity']:.3f} | {r['mask_draws']} "
             f"| {r['dense_ms']:.4f} | {r['wide_ms']:.4f} | {r['speedup']:.2f} |"
         )
-    with open(os.path.join(args.out, "attn-decode-h200.md"), "w") as fh:
+    with open(os.path.join(args.out, f"attn-decode-{card_tag()}.md"), "w") as fh:
         fh.write("\n".join(lines) + "\n")
 
 

@@ -1,6 +1,8 @@
 """Decode TPOT of the fused decode layer against today's decode, dense and WIDE (one H200, ~5 minutes).
 
-    python scripts/bench_decode.py --out $OUT            # -> $OUT/decode-h200.json and .md
+    python scripts/bench_decode.py --out $OUT            # -> $OUT/decode-CARD.json and .md
+
+CARD names the GPU (h100, h200, ...: ``wide.bench.timing.card_tag``).
 
 Llama-3.1-8B shapes with random weights (bf16, 32 layers), B 1 and 16, 4,096 cached tokens, each decode
 step replayed from a CUDA graph. Variants: dense unfused (today's runtime), dense fused
@@ -26,7 +28,7 @@ import traceback
 import torch
 
 from wide.bench.e2e import LLAMA_8B, build_model, decode_accounting
-from wide.bench.timing import median_ms
+from wide.bench.timing import card_tag, median_ms
 from wide.config import WideConfig
 from wide.kernels import fused_decode
 from wide.model import WideModel
@@ -128,7 +130,7 @@ def hf_static_decode(model, batch: int, ctx: int, reps: int) -> dict:
 
 def _write(out: str, rows: list[dict], meta: dict) -> None:
     os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "decode-h200.json"), "w") as f:
+    with open(os.path.join(out, f"decode-{card_tag()}.json"), "w") as f:
         json.dump({"meta": meta, "records": rows}, f, indent=1)
     lines = [
         f"# Fused decode layer: TPOT ({meta['device']}, Llama-3.1-8B shapes unless --smoke, random weights)",
@@ -163,7 +165,7 @@ def _write(out: str, rows: list[dict], meta: dict) -> None:
     for r in rows:
         if r.get("kind") == "correctness":
             lines.append(f"- {json.dumps(r)}")
-    with open(os.path.join(out, "decode-h200.md"), "w") as fh:
+    with open(os.path.join(out, f"decode-{card_tag()}.md"), "w") as fh:
         fh.write("\n".join(lines) + "\n")
 
 

@@ -1,6 +1,6 @@
 """What a decode-sized launch costs before it reads anything: the floors under the fused decode layer.
 
-    python scripts/bench_read_floor.py --out $OUT     # one GPU, ~1 min -> $OUT/read-floor-h200.json and .md
+    python scripts/bench_read_floor.py --out $OUT     # one GPU, ~1 min -> $OUT/read-floor-CARD.json and .md
 
 A plain streaming read (every program sums its contiguous slice of a bf16 buffer; nothing else) timed
 like the fused kernels (``wide.bench.timing``: CUDA graphs of back-to-back calls on rotated copies larger
@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from wide.bench.timing import copies_for, time_together
+from wide.bench.timing import card_tag, copies_for, time_together
 
 BLOCK = 4096  # bf16 elements per load and program step (8 KiB)
 SIZES_MB = (4.2, 8.4, 16.8, 33.5, 50.3, 176.2, 352.3)
@@ -182,7 +182,7 @@ def main() -> None:
         print(json.dumps(rec), flush=True)
         torch.cuda.empty_cache()
     meta["wall_s"] = time.time() - t0
-    with open(os.path.join(args.out, "read-floor-h200.json"), "w") as fh:
+    with open(os.path.join(args.out, f"read-floor-{card_tag()}.json"), "w") as fh:
         json.dump({"meta": meta, "records": recs}, fh, indent=1)
     lines = [f"# Streaming-read floors ({meta['device']})", "", f"Command: `{meta['command']}`", "",
              f"Empty launch in a CUDA graph: {empty_ms * 1e3:.2f} µs per kernel. Fit over the best grid per size: "
@@ -194,7 +194,7 @@ def main() -> None:
     lines += [f"| {r['a_mb']:.1f} → {r['b_mb']:.1f} | {r['grid']} | {r['two_launches_us']:.2f} | "
               f"{r['one_launch_us']:.2f} | {r['in_launch_wait_us']:.2f} | {r['in_launch_wait_prefetch_us']:.2f} |"
               for r in recs if r["kind"] == "boundary"]  # fmt: skip
-    with open(os.path.join(args.out, "read-floor-h200.md"), "w") as fh:
+    with open(os.path.join(args.out, f"read-floor-{card_tag()}.md"), "w") as fh:
         fh.write("\n".join(lines) + "\n")
 
 

@@ -1,6 +1,6 @@
 """Per-kernel sweep of the fused decode layer's GEMV kernels against cuBLAS (one H200, a few minutes).
 
-    python scripts/tune_fused_decode.py --out $OUT        # -> $OUT/fused-tune-h200.json and .md
+    python scripts/tune_fused_decode.py --out $OUT        # -> $OUT/fused-tune-CARD.json and .md
 
 Llama-3.1-8B layer shapes (D 4,096, Hq 32, Hk 8, d 128, D' 14,336, FFN groups of 128 or ``--ffn-group-size``), bf16,
 random weights. For each kernel (QKV + RoPE + cache write, decode attention over CTX cached keys, O + residual + norm,
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from wide.bench.checks import within_bf16_rule
-from wide.bench.timing import copies_for, median_ms
+from wide.bench.timing import card_tag, copies_for, median_ms
 from wide.bench.timing import time_calls as _time_calls
 from wide.kernels import fused_decode as FD
 from wide.kernels import plan, plan_route, routed_gemm_k, routed_swiglu
@@ -314,7 +314,7 @@ def main() -> None:
     def write() -> None:
         meta["wall_s"] = time.time() - t0
         os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "fused-tune-h200.json"), "w") as fh:
+        with open(os.path.join(args.out, f"fused-tune-{card_tag(DEV)}.json"), "w") as fh:
             json.dump({"meta": meta, "records": rows}, fh, indent=1)
         best: dict[tuple, dict] = {}
         for r in rows:
@@ -333,7 +333,7 @@ def main() -> None:
                 f"| {default.get('ms', float('nan')):.4f} | {r.get('cublas_ms') or float('nan'):.4f} "
                 f"({r.get('cublas_tb_per_s') or float('nan'):.2f}) |"
             )
-        with open(os.path.join(args.out, "fused-tune-h200.md"), "w") as fh:
+        with open(os.path.join(args.out, f"fused-tune-{card_tag(DEV)}.md"), "w") as fh:
             fh.write("\n".join(lines) + "\n")
 
     def measure(name: str, b: int, routed: bool, cfg: dict, case, cublas_ms: float) -> dict | None:

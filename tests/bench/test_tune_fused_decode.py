@@ -21,7 +21,7 @@ def _run(tmp_path: Path, *args: str) -> list[dict]:
            str(tmp_path), *args]  # fmt: skip
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
-    return json.loads((tmp_path / "fused-tune-h200.json").read_text())["records"]
+    return json.loads((tmp_path / "fused-tune-cpu.json").read_text())["records"]
 
 
 def test_down_and_ffn_checked_once_not_timed(tmp_path):

@@ -20,6 +20,18 @@ L2_BYTES = 256 << 20  # rotate inputs over at least this many bytes (H200 L2: 50
 MAX_COPIES = 16
 
 
+def card_tag(device: str | torch.device | None = None) -> str:
+    """The short name a result file carries for the machine it ran on: ``h100`` / ``h200`` for those cards,
+    else the CUDA device name lower-cased with non-alphanumerics as ``-``; ``cpu`` without CUDA."""
+    if not torch.cuda.is_available() or (device is not None and torch.device(device).type != "cuda"):
+        return "cpu"
+    name = torch.cuda.get_device_name(device).lower()
+    for card in ("h100", "h200"):
+        if card in name:
+            return card
+    return "-".join(filter(None, "".join(c if c.isalnum() else " " for c in name).split()))
+
+
 def copies_for(bytes_per_call: int) -> int:
     """How many input copies a call needs so that rotating over them exceeds ``L2_BYTES``."""
     return int(min(MAX_COPIES, max(1, math.ceil(L2_BYTES / max(1, bytes_per_call)))))
