@@ -52,12 +52,16 @@ def test_unfused_halves_and_predicated_loops_are_checked(tmp_path):
 @pytest.mark.parametrize("skip", ["0", "1"])
 def test_skip_sets_the_routed_draw(tmp_path, skip):
     """--skip: every group runs (0: the routed case reads the dense bytes) or none does (1: no weight bytes),
-    and both pass the check; the records carry the rate. Out of [0, 1]: a one-line error."""
-    recs = _run(tmp_path, "--once", "--kernels", "ffn,o", "--grid", "[{}]", "--skip", skip)
-    assert all(r["err_ok"] for r in recs) and {r["skip"] for r in recs if r["routed"]} == {float(skip)}
+    and both pass the check (QKV with no Q head running: its K/V rows); the records carry the rate. Out of [0, 1]: a
+    one-line error."""
+    recs = _run(tmp_path, "--once", "--kernels", "ffn,o,qkv", "--grid", "[{}]", "--skip", skip)
+    assert all(r.get("err_ok") for r in recs), [r for r in recs if not r.get("err_ok")]
+    assert {r["skip"] for r in recs if r["routed"]} == {float(skip)}
     by = {(r["kernel"], r["routed"]): r["bytes"] for r in recs}
     for k in ("ffn", "o"):
         assert by[k, True] == (by[k, False] if skip == "0" else 0)
+    kv = 2 * 2 * 32 * 128 * 2  # K and V of the smoke shapes (HK 2, head_dim 32, D 128), bf16 bytes
+    assert by["qkv", True] == (by["qkv", False] if skip == "0" else kv)
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT / "src"))
     bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "tune_fused_decode.py"), "--smoke", "--skip", "1.5"],
                          env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
