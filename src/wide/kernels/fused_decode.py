@@ -261,70 +261,52 @@ if HAS_TRITON:
         return tl.dot(a, tl.trans(w), acc, input_precision=PREC)
 
     @triton.jit
-    def _k_list(list_ptr, mask_ptr, offs_m, in_m, k_lo, k_hi, NG, G, BLOCK_K: tl.constexpr, NS_P: tl.constexpr,
-                SUB: tl.constexpr):  # fmt: skip
-        """The list of a compacted K loop (``_routed_k_loop``): the first columns of the steps of [k_lo, k_hi) where
-        some token runs some group go to list_ptr in K order (SUB > 1: plus, in the low bits, which of its groups
-        run); returns their count. It reads only the mask, so a kernel may build it before it waits for its
-        operand a (the fused FFN's consumers do)."""
-        STEP: tl.constexpr = BLOCK_K * SUB
-        offs_s = tl.arange(0, NS_P)
-        k_s = k_lo + offs_s * STEP  # [NS_P] each step's first column
-        in_s = k_s < k_hi
-        bits = tl.zeros([NS_P], tl.int32)  # bit i: some token runs sub-step i's group
-        for i in tl.static_range(SUB):
-            k_i = k_s + i * BLOCK_K
-            run = tl.load(mask_ptr + offs_m[:, None] * NG + (k_i // G)[None, :],
-                          mask=in_m[:, None] & (k_i < k_hi)[None, :], other=0)  # fmt: skip
-            bits = bits | ((tl.max(run.to(tl.int32), 0) > 0).to(tl.int32) << i)
-        used = (bits > 0) & in_s
-        slot = tl.where(used, tl.cumsum(used.to(tl.int32), 0) - 1, -1)  # [NS_P] rank among the used steps
-        entry = k_s
-        if SUB > 1:
-            entry = k_s + bits  # bits < 2**SUB <= STEP: the step's first column keeps them apart
-        tl.store(list_ptr + slot, entry, mask=used)
-        tl.debug_barrier()  # the list, written by the program's threads, is read by all of them
-        return tl.sum(used.to(tl.int32), 0)
-
-    @triton.jit
-    def _listed_k_loop(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k_hi, K, list_ptr, n_act,
-                       BLOCK_K: tl.constexpr, PREC: tl.constexpr, CG: tl.constexpr, STAGES: tl.constexpr,
-                       SUB: tl.constexpr):  # fmt: skip
-        """The compacted K loop over the n_act steps ``_k_list`` wrote to list_ptr."""
-        STEP: tl.constexpr = BLOCK_K * SUB
-        # a listed column is a multiple of the step: said so, the compiler can prove the loads' alignment and
-        # software-pipeline the loop as it does the predicated one (docs/kernels.md#fused-decode-layer)
-        for t in tl.range(0, n_act, num_stages=STAGES):
-            e = tl.load(list_ptr + t)
-            if SUB == 1:
-                k0 = tl.multiple_of(e, BLOCK_K)
-                acc = _k_step(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k0, k_hi, K, 0, False, BLOCK_K, PREC,
-                              CG)  # fmt: skip
-            else:
-                k0 = tl.multiple_of((e // STEP) * STEP, STEP)
-                for i in tl.static_range(SUB):
-                    acc = _k_step(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k0 + i * BLOCK_K, k_hi, K,
-                                  (e >> i) & 1, True, BLOCK_K, PREC, CG)  # fmt: skip
-        return acc
-
-    @triton.jit
     def _routed_k_loop(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k_lo, k_hi, K, mask_ptr, B, NG, G, list_ptr,
                        ROUTED: tl.constexpr, BM: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr,
                        CG: tl.constexpr, COMPACT: tl.constexpr, NS_P: tl.constexpr, STAGES: tl.constexpr,
-                       SUB: tl.constexpr, n_act):  # fmt: skip
+                       SUB: tl.constexpr):  # fmt: skip
         """acc [BM, BLOCK_N] += a[:, k] W[n, k]^T for k in [k_lo, k_hi) (a: [B, K], W: [N, K], row-major),
         reading no column of a group no token runs. A step is SUB sub-steps of BLOCK_K columns; BLOCK_K divides
         the group width G (SUB > 1: equals it) and k_lo is a multiple of the step, so a sub-step lies in one
         group and its predicate is one scalar (the loads stay vectorised and the loop pipelined). COMPACT
-        (routed): the loop visits only the n_act steps of the list the caller built at list_ptr (``_k_list``), in
-        K order; the skipped (sub-)steps add exact zeros otherwise, so both loops give the same bits. STAGES: the
-        loop's own pipeline depth (None: the kernel's num_stages). Several groups a step keep narrow groups' loop
-        as short as wide ones' (docs/kernels.md#fused-decode-layer)."""
+        (routed): the first columns of the steps where some token runs some group go to this program's list
+        (list_ptr, NS_P >= the range's step count; SUB > 1: plus, in the low bits, which of its groups run) and
+        the loop visits those only, in K order; the skipped (sub-)steps add exact zeros otherwise, so both loops
+        give the same bits. STAGES: the loop's own pipeline depth (None: the kernel's num_stages). Several
+        groups a step keep narrow groups' loop as short as wide ones' (docs/kernels.md#fused-decode-layer)."""
         STEP: tl.constexpr = BLOCK_K * SUB
         tl.static_assert((1 << SUB) <= STEP, "a step's run bits must fit below its first column (down_step)")
         if ROUTED and COMPACT:
-            acc = _listed_k_loop(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k_hi, K, list_ptr, n_act, BLOCK_K,
-                                 PREC, CG, STAGES, SUB)  # fmt: skip
+            offs_s = tl.arange(0, NS_P)
+            k_s = k_lo + offs_s * STEP  # [NS_P] each step's first column
+            in_s = k_s < k_hi
+            bits = tl.zeros([NS_P], tl.int32)  # bit i: some token runs sub-step i's group
+            for i in tl.static_range(SUB):
+                k_i = k_s + i * BLOCK_K
+                run = tl.load(mask_ptr + offs_m[:, None] * NG + (k_i // G)[None, :],
+                              mask=in_m[:, None] & (k_i < k_hi)[None, :], other=0)  # fmt: skip
+                bits = bits | ((tl.max(run.to(tl.int32), 0) > 0).to(tl.int32) << i)
+            used = (bits > 0) & in_s
+            slot = tl.where(used, tl.cumsum(used.to(tl.int32), 0) - 1, -1)  # [NS_P] rank among the used steps
+            entry = k_s
+            if SUB > 1:
+                entry = k_s + bits  # bits < 2**SUB <= STEP: the step's first column keeps them apart
+            tl.store(list_ptr + slot, entry, mask=used)
+            tl.debug_barrier()  # the list, written by the program's threads, is read by all of them
+            n_act = tl.sum(used.to(tl.int32), 0)
+            # a listed column is a multiple of the step: said so, the compiler can prove the loads' alignment and
+            # software-pipeline the loop as it does the predicated one (docs/kernels.md#fused-decode-layer)
+            for t in tl.range(0, n_act, num_stages=STAGES):
+                e = tl.load(list_ptr + t)
+                if SUB == 1:
+                    k0 = tl.multiple_of(e, BLOCK_K)
+                    acc = _k_step(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k0, k_hi, K, 0, False, BLOCK_K,
+                                  PREC, CG)  # fmt: skip
+                else:
+                    k0 = tl.multiple_of((e // STEP) * STEP, STEP)
+                    for i in tl.static_range(SUB):
+                        acc = _k_step(acc, a_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k0 + i * BLOCK_K, k_hi, K,
+                                      (e >> i) & 1, True, BLOCK_K, PREC, CG)  # fmt: skip
         else:
             for k0 in tl.range(k_lo, k_hi, STEP, num_stages=STAGES):
                 for i in tl.static_range(SUB):
@@ -629,13 +611,9 @@ if HAS_TRITON:
         offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         in_n = offs_n < D
         acc = tl.zeros([BM, BLOCK_N], tl.float32)
-        k_hi = tl.minimum(k_lo + K_CHUNK, K)
-        n_act = 0
-        if ROUTED and COMPACT:
-            n_act = _k_list(list_ptr + pid * NS_P, mask_ptr, offs_m, in_m, k_lo, k_hi, NG, G, BLOCK_K, NS_P, 1)
-        acc = _routed_k_loop(acc, o_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k_lo, k_hi, K, mask_ptr, B, NG, G,
-                             list_ptr + pid * NS_P, ROUTED, BM, BLOCK_K, PREC, False, COMPACT, NS_P, None, 1,
-                             n_act)  # fmt: skip
+        acc = _routed_k_loop(acc, o_ptr, w_ptr, offs_m, in_m, offs_n, in_n, k_lo, tl.minimum(k_lo + K_CHUNK, K), K,
+                             mask_ptr, B, NG, G, list_ptr + pid * NS_P, ROUTED, BM, BLOCK_K, PREC, False, COMPACT,
+                             NS_P, None, 1)  # fmt: skip
         last = True
         if KS > 1:
             last, acc = _split_k_sum(acc, part_ptr, cnt_ptr, tile, n_tiles, pid % KS, KS, BM, BLOCK_N)
@@ -726,15 +704,11 @@ if HAS_TRITON:
             g_hi = (s + 1) * NG // KS
             offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
             in_n = offs_n < D
-            n_act = 0
-            if ROUTED and COMPACT:  # the list reads only the mask: built while this split's producers run
-                n_act = _k_list(list_ptr + j * NS_P, mask_ptr, offs_m, in_m, g_lo * G, g_hi * G, NG, G, BLOCK_KD, NS_P,
-                                SUB)  # fmt: skip
             wait_for(cnt_ptr + 1 + s, (g_hi - g_lo) * CPG)  # only this split's producers (earlier tickets)
             acc = tl.zeros([BM, BLOCK_N], tl.float32)
             acc = _routed_k_loop(acc, a_ptr, wd_ptr, offs_m, in_m, offs_n, in_n, g_lo * G, g_hi * G, DF, mask_ptr, B,
                                  NG, G, list_ptr + j * NS_P, ROUTED, BM, BLOCK_KD, PREC, True, COMPACT, NS_P,
-                                 DSTAGES, SUB, n_act)  # fmt: skip
+                                 DSTAGES, SUB)  # fmt: skip
             last = True
             if KS > 1:
                 last, acc = _split_k_sum(acc, part_ptr, cnt_ptr + 1 + KS, tile, n_tiles, s, KS, BM, BLOCK_N)
