@@ -82,38 +82,6 @@ def test_qkv_rope_cache(kernel_device, hq, hk, d, b, mode, qk_norm, bias, groupe
 
 
 @pytest.mark.parametrize(
-    ("hq", "hk", "d", "b", "qk_norm", "bias"),
-    [(8, 2, 64, 3, False, True), (7, 1, 64, 2, False, False), (4, 2, 64, 16, True, False)],
-)
-def test_qkv_in_two_launches_gives_the_bits_of_one(kernel_device, hq, hk, d, b, qk_norm, bias):
-    """heads="kv" (the cache rows, beside the router) then heads="q" (after it, skipping the Q heads of groups no
-    token runs): the same bits as one launch of every head, and the Q launch leaves the caches alone."""
-    torch.manual_seed(hq + b)
-    dm = 80
-    n = (hq + 2 * hk) * d
-    h, w = torch.randn(b, dm), torch.randn(n, dm) / dm**0.5
-    bq = torch.randn(n) if bias else None
-    qn, kn = (torch.rand(d) + 0.5, torch.rand(d) + 0.5) if qk_norm else (None, None)
-    pos = torch.randint(0, 5, (b,))
-    cos, sin = _rope(b, d, pos)
-    mask = _mask("random", b, hk, seed=b + 1)
-    kc, vc = torch.randn(b + 1, 6, hk, d), torch.randn(b + 1, 6, hk, d)
-    h, w, bq, qn, kn, pos, cos, sin, mask, kc, vc = _to(kernel_device, h, w, bq, qn, kn, pos, cos, sin, mask, kc, vc)
-    args = (cos, sin, pos)
-    k1, v1, k2, v2 = kc.clone(), vc.clone(), kc.clone(), vc.clone()
-    q_one = FD.qkv_rope_cache(h, w, bq, None, *args, k1, v1, hq, qn, kn, 1e-6)
-    FD.qkv_rope_cache(h, w, bq, None, *args, k2, v2, hq, qn, kn, 1e-6, heads="kv")
-    assert torch.equal(k2, k1) and torch.equal(v2, v1)
-    k3, v3 = k2.clone(), v2.clone()
-    q_two = FD.qkv_rope_cache(h, w, bq, mask, *args, k2, v2, hq, qn, kn, 1e-6, heads="q")
-    assert torch.equal(k2, k3) and torch.equal(v2, v3)
-    run = mask.any(0).repeat_interleave(hq // hk)
-    assert torch.equal(q_two[:, run], q_one[:, run])
-    with pytest.raises(ValueError, match="heads must be"):
-        FD.qkv_rope_cache(h, w, bq, None, *args, k2, v2, hq, qn, kn, 1e-6, heads="k")
-
-
-@pytest.mark.parametrize(
     ("hq", "hk", "b", "mode", "splits"),
     [
         (6, 2, 1, "all", 1),
@@ -479,16 +447,14 @@ def test_launch_overrides_are_checked_and_scoped():
     for k in ("block_k", "down_block_k"):  # a GPU tensor-core dot needs K >= 16; the interpreter does not
         with pytest.raises(ValueError, match="at least 16"):
             FD.launch_overrides(**{k: 8}).__enter__()
-    with pytest.raises(ValueError, match="compact_k must be 0 or 1"):
-        FD.launch_overrides(compact_k=2).__enter__()
-    with pytest.raises(ValueError, match="router_overlap must be 0, 1 or 2"):
-        FD.launch_overrides(router_overlap=3).__enter__()
-    # the rule: beside QKV where a stream exists, first on the CPU
-    assert FD.router_overlap(True) == FD.BESIDE_QKV and FD.router_overlap(False) == FD.ROUTERS_FIRST
+    for k in ("compact_k", "router_overlap"):
+        with pytest.raises(ValueError, match=f"{k} must be 0 or 1"):
+            FD.launch_overrides(**{k: 2}).__enter__()
+    assert FD.router_overlap(True) and not FD.router_overlap(False)  # the rule: beside QKV where a stream exists
     with FD.launch_overrides(router_overlap=0):  # a switch may be 0 (the other fields: positive)
-        assert FD.router_overlap(True) == FD.ROUTERS_FIRST
-    with FD.launch_overrides(router_overlap=2):
-        assert FD.router_overlap(False) == FD.BESIDE_KV
+        assert not FD.router_overlap(True)
+    with FD.launch_overrides(router_overlap=1):
+        assert FD.router_overlap(False)
     FD.launch_overrides(attn_splits=3)  # any KV split count
     with FD.launch_overrides(o_splits=4) as ov:
         assert ov.o_splits == 4 and ov.ffn_splits is None

@@ -24,7 +24,7 @@ from wide.bench.timing import median_ms
 from wide.config import WideConfig
 from wide.kernels import clear_autotune_cache
 from wide.kernels._triton_utils import autotune_limit, warn_if_autotune_limited
-from wide.kernels.fused_decode import BESIDE_QKV, router_overlap
+from wide.kernels.fused_decode import router_overlap
 from wide.model import WideModel
 from wide.runtime import GraphedDecode, GraphedPrefill, WideRuntime
 from wide.train.threshold_fit import collect_margins, fit_offsets
@@ -182,10 +182,10 @@ def decode_bytes(rt: WideRuntime, batch: int, ctx: int, masks: list | None) -> t
 
     masks: per layer (attention [B, Hk], FFN [B, G]) bool of the step (``rt.fused_masks``), or None for a
     dense step. Read: Q / O rows and FFN channels of the groups the batch's union runs (Q whole when the fused
-    step computes every Q head: ``fused_decode.router_overlap`` is BESIDE_QKV), K / V projections whole, the
-    K / V cache rows of the (token, group) pairs that run, the routers' projections, lm_head (norms and the
-    embedding row are negligible). Returns (bytes, mean union / per-token run fractions)."""
-    q_whole = masks is not None and router_overlap(rt.hf.lm_head.weight.is_cuda) == BESIDE_QKV
+    step computes every Q head: ``fused_decode.router_overlap``), K / V projections whole, the K / V cache rows
+    of the (token, group) pairs that run, the routers' projections, lm_head (norms and the embedding row are
+    negligible). Returns (bytes, mean union / per-token run fractions)."""
+    q_whole = masks is not None and router_overlap(rt.hf.lm_head.weight.is_cuda)
     d, el = rt.wm.dims, rt.hf.lm_head.weight.element_size()
     dm, hq, hk, hd = d.hidden, d.n_q_heads, d.n_kv_heads, d.head_dim
     df = rt.layers[0].mlp.down_proj.weight.shape[1]

@@ -64,11 +64,7 @@ if HAS_TRITON:
 MAX_BATCH = 16  # decode only: one 16-row tensor-core tile holds the batch
 
 
-_SWITCHES = ("compact_k",)  # LaunchOverrides fields that are 0 / 1
-# Where a routed decode layer's first router launch runs (``router_overlap``; docs/kernels.md#fused-decode-layer):
-ROUTERS_FIRST = 0  # before QKV, which skips the Q heads of groups no token runs
-BESIDE_QKV = 1  # on a side stream beside a QKV launch that computes every Q head
-BESIDE_KV = 2  # on a side stream beside the K / V launch; the Q launch, after the join, skips as ROUTERS_FIRST does
+_SWITCHES = ("compact_k", "router_overlap")  # LaunchOverrides fields that are 0 / 1
 
 
 @dataclass(frozen=True)
@@ -83,8 +79,9 @@ class LaunchOverrides:
     compact_k: 1 (the rule) the routed O and down loops visit only the K steps of groups some token runs (a
     list per program), 0 they predicate the others off; norm_tile: elements per step of the norm tails;
     attn_splits: KV splits of decode attention (any count), attn_block_n: keys per step (a power of two >= 16),
-    attn_warps; router_overlap: where the layer's first router launch runs, ROUTERS_FIRST (0), BESIDE_QKV (1) or
-    BESIDE_KV (2) (``router_overlap``)."""
+    attn_warps; router_overlap: 1 the layer's routers run on a side stream beside a QKV launch that computes
+    every Q head, 0 (the rule) they run before it and QKV skips the Q heads of groups no token runs
+    (``router_overlap``)."""
 
     block_k: int | None = None
     num_warps: int | None = None
@@ -111,9 +108,7 @@ class LaunchOverrides:
             v = getattr(self, f.name)
             if f.name in _SWITCHES and v not in (None, 0, 1):
                 raise ValueError(f"launch override {f.name} must be 0 or 1, got {v!r}")
-            if f.name == "router_overlap" and v not in (None, ROUTERS_FIRST, BESIDE_QKV, BESIDE_KV):
-                raise ValueError(f"launch override router_overlap must be 0, 1 or 2, got {v!r}")
-            if f.name not in (*_SWITCHES, "router_overlap") and v is not None and (not isinstance(v, int) or v < 1):
+            if f.name not in _SWITCHES and v is not None and (not isinstance(v, int) or v < 1):
                 raise ValueError(f"launch override {f.name} must be a positive int, got {v!r}")
             pow2 = f.name.endswith("_splits") and f.name != "attn_splits" or f.name in ("attn_block_n", "down_span")
             if v is not None and pow2 and v & (v - 1):
@@ -411,7 +406,6 @@ if HAS_TRITON:
         B,
         D,
         K_CHUNK,
-        HEAD0,  # the launch's first head (Q heads, then K, then V): its programs are those of heads HEAD0, ...
         qk_eps,
         s_kb, s_ks, s_kh, s_vb, s_vs, s_vh,
         KS: tl.constexpr,  # K splits
@@ -428,7 +422,7 @@ if HAS_TRITON:
         PDL: tl.constexpr,
     ):  # fmt: skip
         pdl_begin(PDL)
-        pid = tl.program_id(0) + HEAD0 * RS * KS  # the program's place in the launch of every head
+        pid = tl.program_id(0)
         tile = pid // KS  # (head, slice)
         head = tile // RS
         s = tile % RS
@@ -458,7 +452,7 @@ if HAS_TRITON:
             acc_lo = tl.dot(a, tl.trans(w_lo), acc_lo, input_precision=PREC)
             acc_hi = tl.dot(a, tl.trans(w_hi), acc_hi, input_precision=PREC)
         if KS > 1:  # the last split of the tile to arrive sums the partials (split order) and goes on
-            n_tiles: tl.constexpr = (HQ + 2 * HK) * RS
+            n_tiles = tl.num_programs(0) // KS
             tsz: tl.constexpr = BM * SUB
             offs = offs_m[:, None] * SUB + tl.arange(0, SUB)[None, :]
             pbase = part_ptr + ((pid % KS) * n_tiles + tile) * 2 * tsz
@@ -741,16 +735,14 @@ if HAS_TRITON:
 # --------------------------------------------------------------------------------------------------
 # Launch configuration
 # --------------------------------------------------------------------------------------------------
-def router_overlap(cuda: bool) -> int:
-    """Where a routed decode layer runs its first router launch: ROUTERS_FIRST (before QKV, which then skips the
-    Q heads of groups no token runs), BESIDE_QKV (on a side stream beside a QKV launch that computes every Q head,
-    which the routed attention and O ignore for groups no token runs) or BESIDE_KV (on a side stream beside the
-    K / V launch; the Q launch, after the join, skips those heads). A Q head is the same GEMV whichever launch
-    computes it and whether or not its neighbours run, so all three give the same logits bit for bit. The rule:
-    beside QKV wherever a side stream exists (cuda), first on the CPU, where the launches run in order anyway
-    (docs/kernels.md#fused-decode-layer); ``launch_overrides(router_overlap=0 / 1 / 2)`` forces one, also on the
-    CPU (no side stream there: the same launches in order, for the tests)."""
-    return int(_ov("router_overlap", BESIDE_QKV if cuda else ROUTERS_FIRST))
+def router_overlap(cuda: bool) -> bool:
+    """Whether a routed decode layer runs its routers beside the QKV launch (on a side stream;
+    QKV then computes every Q head, which the routed attention and O ignore for groups no token runs) instead
+    of before it. A Q head is the same GEMV whether or not its neighbours run, so both give the same logits bit
+    for bit. The rule: beside QKV wherever a side stream exists (cuda), before it on the CPU, where the launches
+    run in order anyway (docs/kernels.md#fused-decode-layer); ``launch_overrides(router_overlap=0 / 1)`` forces
+    either, also on the CPU (no side stream there: the same launches in order, for the tests)."""
+    return bool(_ov("router_overlap", int(cuda)))
 
 
 def _prec(t: torch.Tensor) -> str:
@@ -903,11 +895,9 @@ def _qkv_op(
     q_norm: torch.Tensor | None,
     k_norm: torch.Tensor | None,
     qk_eps: float,
-    heads: str,
 ) -> torch.Tensor:
     if not use_triton(h):
-        kc, vc = (k_cache, v_cache) if heads != "q" else (k_cache.clone(), v_cache.clone())
-        return qkv_rope_cache_ref(h, w_qkv, b_qkv, cos, sin, pos, kc, vc, n_q, q_norm, k_norm, qk_eps)
+        return qkv_rope_cache_ref(h, w_qkv, b_qkv, cos, sin, pos, k_cache, v_cache, n_q, q_norm, k_norm, qk_eps)
     b, d_model = h.shape
     hk, hd = k_cache.shape[2], k_cache.shape[3]
     q = torch.empty(b, n_q, hd, dtype=h.dtype, device=h.device)
@@ -922,12 +912,10 @@ def _qkv_op(
     chunk = triton.cdiv(triton.cdiv(d_model, ks), bk) * bk
     dummy = h.new_empty(1)
     part = torch.empty(ks * tiles * BLOCK_M * hd if ks > 1 else 1, dtype=torch.float32, device=h.device)
-    # the same shapes whichever heads run, so a head's sums do not depend on the split into launches
-    head0, n_run = {"all": (0, n_heads), "q": (0, n_q), "kv": (n_q, 2 * hk)}[heads]
-    _qkv_kernel[(n_run * rs * ks,)](
+    _qkv_kernel[(tiles * ks,)](
         h, w_qkv, b_qkv if b_qkv is not None else dummy, _u8(mask, h), cos.float().contiguous(),
         sin.float().contiguous(), q_norm if q_norm is not None else dummy, k_norm if k_norm is not None else dummy,
-        pos, q, k_cache, v_cache, part, tile_counters(h, tiles), b, d_model, chunk, head0, qk_eps,
+        pos, q, k_cache, v_cache, part, tile_counters(h, tiles), b, d_model, chunk, qk_eps,
         *k_cache.stride()[:3], *v_cache.stride()[:3], KS=ks,
         HQ=n_q, HK=hk, HEAD_D=hd, RS=rs, ROUTED=mask is not None, HAS_BIAS=b_qkv is not None,
         QK_NORM=q_norm is not None, BM=BLOCK_M, BLOCK_K=bk, PREC=_prec(h),
@@ -937,7 +925,7 @@ def _qkv_op(
 
 
 @_qkv_op.register_fake
-def _(h, w_qkv, b_qkv, mask, cos, sin, pos, k_cache, v_cache, n_q, q_norm, k_norm, qk_eps, heads):
+def _(h, w_qkv, b_qkv, mask, cos, sin, pos, k_cache, v_cache, n_q, q_norm, k_norm, qk_eps):
     return h.new_empty((h.shape[0], n_q, k_cache.shape[3]))
 
 
@@ -1114,12 +1102,9 @@ def qkv_rope_cache(
     q_norm: torch.Tensor | None = None,
     k_norm: torch.Tensor | None = None,
     qk_eps: float = 0.0,
-    heads: str = "all",
 ) -> torch.Tensor:
     """One launch: h [B, D] -> q [B, Hq, d] (RoPE'd; heads of groups no token runs are left unspecified
-    when ``mask`` [B, Hk] is given) and the RoPE'd K / V of token b written at cache [b, pos[b]]. ``heads``:
-    "all", or the launch of "kv" (the cache rows only; q is returned unspecified) or of "q" (q only; the caches
-    are not touched): the two give the bits of the one."""
+    when ``mask`` [B, Hk] is given) and the RoPE'd K / V of token b written at cache [b, pos[b]]."""
     _check_batch(h, "h")
     check_dtype(h, w_qkv, k_cache, v_cache)
     hk, hd = k_cache.shape[2], k_cache.shape[3]
@@ -1133,10 +1118,7 @@ def qkv_rope_cache(
     if cos.shape != (h.shape[0], hd) or sin.shape != cos.shape:
         raise ValueError(f"cos/sin must be [B, d] = [{h.shape[0]}, {hd}], got {tuple(cos.shape)}")
     _check_mask(mask, h.shape[0], hk, "mask")
-    if heads not in ("all", "q", "kv"):
-        raise ValueError(f"heads must be 'all', 'q' or 'kv', got {heads!r}")
-    return _qkv_op(h, w_qkv, b_qkv, mask, cos, sin, pos, k_cache, v_cache, int(n_q), q_norm, k_norm, float(qk_eps),
-                   heads)  # fmt: skip
+    return _qkv_op(h, w_qkv, b_qkv, mask, cos, sin, pos, k_cache, v_cache, int(n_q), q_norm, k_norm, float(qk_eps))
 
 
 def attention_decode_merged(

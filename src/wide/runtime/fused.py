@@ -9,11 +9,10 @@ Per layer (``wide.kernels.fused_decode``; docs/kernels.md, "Fused decode layer")
            -> o_proj_residual_norm -> ffn_residual_norm                                  (5 launches)
   dense:   qkv_rope_cache -> attention_decode_merged -> o_proj_residual_norm -> ffn_residual_norm (4)
 
-On a GPU (``FD.router_overlap``: ``launch_overrides(router_overlap=0 / 1 / 2)`` picks the schedule) a routed layer's
-first router launch runs on a side stream beside qkv_rope_cache, which then computes every Q head (BESIDE_QKV), or
-beside its K / V launch, the Q launch following the join with the mask (BESIDE_KV: one launch more); attention waits
-for both. Off the critical path, the router costs the Q heads it would have skipped, or a launch, instead of its
-latency (docs/kernels.md#fused-decode-layer).
+On a GPU (``FD.router_overlap``; ``launch_overrides(router_overlap=0)`` turns it off) a routed layer's first router
+launch runs on a side stream beside qkv_rope_cache, which then computes every Q head; attention waits for both. Off
+the critical path, the router costs the Q heads it would have skipped instead of its latency
+(docs/kernels.md#fused-decode-layer).
 
 The hidden state h a router reads is the RMSNorm the previous kernel wrote in the model dtype (the
 first layer's by one norm launch per step; the last layer's FFN kernel applies the model's final norm),
@@ -151,8 +150,7 @@ def fused_decode_step(rt, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     final = rt.hf.model.norm
     masks = []  # per layer (attention [B, Hk], FFN [B, G]) when routed: rt.fused_masks (benchmarks read them)
     early = st.ffn_router_from_layer  # the FFN router reads the layer input
-    mode = FD.router_overlap(x.is_cuda) if rt.routed else FD.ROUTERS_FIRST
-    overlap = mode != FD.ROUTERS_FIRST
+    overlap = rt.routed and FD.router_overlap(x.is_cuda)
     side = rt.router_stream if overlap else None  # None on the CPU: the same launches, in order
     main = torch.cuda.current_stream(x.device) if side is not None else None
     for i, w in enumerate(layers):
@@ -164,16 +162,12 @@ def fused_decode_step(rt, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         # read queued on the main stream.
         with torch.cuda.stream(side) if side is not None else nullcontext():
             mask_a, mask_f = decide(rin, w.router_attn, w.router_ffn if early else None)
-        qkv = (h, w.w_qkv, w.b_qkv)
-        rope = (cos, sin, p, rt.cache.k[i], rt.cache.v[i], st.n_q, w.q_norm, w.k_norm, st.qk_eps)
-        if mode == FD.BESIDE_KV:  # K / V beside the router; Q after the join, skipping heads as ROUTERS_FIRST does
-            FD.qkv_rope_cache(*qkv, None, *rope, heads="kv")
-        else:
-            q = FD.qkv_rope_cache(*qkv, None if overlap else mask_a, *rope)
-        if side is not None:  # join: attention (and BESIDE_KV's Q launch) reads the attention mask
+        q = FD.qkv_rope_cache(
+            h, w.w_qkv, w.b_qkv, None if overlap else mask_a, cos, sin, p, rt.cache.k[i], rt.cache.v[i], st.n_q,
+            w.q_norm, w.k_norm, st.qk_eps,
+        )  # fmt: skip
+        if side is not None:  # join: attention reads the attention mask
             main.wait_stream(side)
-        if mode == FD.BESIDE_KV:
-            q = FD.qkv_rope_cache(*qkv, mask_a, *rope, heads="q")
         o = FD.attention_decode_merged(
             q, rt.cache.k[i], rt.cache.v[i], lens, mask_a if mask_a is not None else dense_mask, len_add=1
         )
