@@ -67,7 +67,9 @@ def measure(
         attn_sparsity_hint=attn_hint, ffn_sparsity_hint=ffn_hint, compile=compile and not fused,
     )  # fmt: skip
     dev = rt.cache.k.device
-    ids = torch.randint(0, wm.dims.vocab, (batch, 1), device=dev)
+    # the same tokens for every row of a batch size, so rows with the same routers take the same decisions (paired
+    # comparisons: fused vs unfused, one launch override vs another)
+    ids = torch.randint(0, wm.dims.vocab, (batch, 1), generator=torch.Generator().manual_seed(batch)).to(dev)
     rt.cache.lens.fill_(ctx)  # decode against ctx cached tokens (contents: zeros)
     lens = rt.cache.lens.clone()
     step = GraphedDecode(rt, batch) if dev.type == "cuda" else rt.decode
