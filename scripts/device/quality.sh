@@ -54,7 +54,7 @@
 #   GRACE_S (60) BATCH (8) SEQ (2048) SAVE_EVERY (100) EVAL_LIMIT (500; empty: full sets) EVAL_BATCH
 #   (16) COMPILE (0; 1: --compile, calibration and LoRA stages) PACK_PARTS (3; 2 with TEST_S) QUALITY_EXTRA (more quality_runs.py flags)
 #   TEST_S (0): also run the GPU test suite (TESTS: tests/kernels tests/runtime; 8 workers, WIDE_AUTOTUNE_MAX=1)
-#   beside the rows, from 20 s in, for at most TEST_S s -> $OUT/gpu-tests-h200.log (one file more back).
+#   beside the rows, from 20 s in, for at most TEST_S s -> $OUT/gpu-tests-CARD.log (CARD: h100, h200, ...; one file more back).
 # CPU smoke test (the --tiny rows instead of SPEC):
 #   QUALITY_EXTRA=--tiny JOBS=2 BUDGET_S=120 WORK=/tmp/qw WIDE_DATA=../shared/data bash scripts/device/quality.sh /tmp/qo
 # Exit: the driver's (0 also when rows failed or were stopped: see the records), 4 model or data missing.
@@ -88,9 +88,10 @@ if [ "${TEST_S:-0}" != 0 ]; then
     sleep 20
     N=""; python3 -c "import xdist" 2>/dev/null && N="-n 8"
     # shellcheck disable=SC2086  # $N, TESTS: zero or more args
+    log="$OUT/gpu-tests-$(PYTHONPATH=$PWD/src python3 -c "from wide.bench.timing import card_tag; print(card_tag())").log"
     PYTHONPATH=$PWD/src WIDE_AUTOTUNE_MAX=1 timeout "$TEST_S" python3 -m pytest -q -m "not slow" $N \
-      -p no:cacheprovider ${TESTS:-tests/kernels tests/runtime} >"$OUT/gpu-tests-h200.log" 2>&1
-    echo "pytest exit $?" >>"$OUT/gpu-tests-h200.log"
+      -p no:cacheprovider ${TESTS:-tests/kernels tests/runtime} >"$log" 2>&1
+    echo "pytest exit $?" >>"$log"
   ) &
   tests=$!
 fi

@@ -7,7 +7,7 @@
 #                    writing to $BG/out; returns at once. Env as quality.sh (SPEC, JOBS, BUDGET_S, ...);
 #                    BUDGET_S counts from the start, so it may exceed one call.
 #   collect [WAIT_S] wait up to WAIT_S s (0) for the run to end, then copy what it has written into $OUT:
-#                    quality.json, quality-driver.log, quality-gpu.csv, gpu-tests-h200.log (with TEST_S),
+#                    quality.json, quality-driver.log, quality-gpu.csv, gpu-tests-CARD.log (with TEST_S),
 #                    quality-tails.txt (now, from the rows' logs), and quality-work/ once the run has ended
 #                    (its packed parts).
 #   fetch NAME[,NAME] [WAIT_S]  waits up to WAIT_S s (0) for the run to end, then packs those rows' files
@@ -38,7 +38,8 @@ case "${1:-}" in
     : "${OUT:?set OUT to the output folder of this call}"
     end=$(($(date +%s) + ${2:-0}))
     while running && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
-    for f in quality.json quality-driver.log quality-gpu.csv gpu-tests-h200.log; do
+    for f in quality.json quality-driver.log quality-gpu.csv "$BG"/out/gpu-tests-*.log; do
+      f=$(basename "$f")
       [ -f "$BG/out/$f" ] && cp "$BG/out/$f" "$OUT/"
     done
     bash scripts/device/row_tails.sh "${WORK:-$HOME/quality}" >"$OUT/quality-tails.txt"
