@@ -31,7 +31,6 @@ import triton
 import triton.language as tl
 
 from wide.bench.timing import card_tag, copies_for, time_together
-from wide.kernels._split_reduce import draw_ticket, wait_for
 
 BLOCK = 4096  # bf16 elements per load and program step (8 KiB)
 SIZES_MB = (4.2, 8.4, 16.8, 33.5, 50.3, 176.2, 352.3)
@@ -65,7 +64,7 @@ def _two_phase_kernel(x_ptr, y_ptr, out_ptr, cnt_ptr, nx_per, ny_per, P1, P2, BL
                       PREFETCH: tl.constexpr):  # fmt: skip
     """Tickets < P1 read x; the rest wait for all of them (as a consumer of their output would), then read y.
     cnt: [ticket, phase-1 done, phase-2 done], left zeroed by the last phase-2 program."""
-    ticket = draw_ticket(cnt_ptr)
+    ticket = tl.atomic_add(cnt_ptr, 1, sem="relaxed", scope="gpu")
     if ticket < P1:
         s = _sum_slice(x_ptr, ticket.to(tl.int64) * nx_per, nx_per, BLOCK)
         tl.store(out_ptr + ticket, s)
@@ -80,7 +79,9 @@ def _two_phase_kernel(x_ptr, y_ptr, out_ptr, cnt_ptr, nx_per, ny_per, P1, P2, BL
             acc += tl.load(y_ptr + base + tl.arange(0, BLOCK)).to(tl.float32)
             acc += tl.load(y_ptr + base + BLOCK + tl.arange(0, BLOCK)).to(tl.float32)
             start = 2 * BLOCK
-        wait_for(cnt_ptr + 1, P1)
+        done = tl.atomic_add(cnt_ptr + 1, 0, sem="acquire", scope="gpu")
+        while done < P1:
+            done = tl.atomic_add(cnt_ptr + 1, 0, sem="acquire", scope="gpu")
         dep = tl.load(out_ptr, cache_modifier=".cg")  # phase 1's output: the data dependence
         for i in range(start, ny_per, BLOCK):
             acc += tl.load(y_ptr + base + i + tl.arange(0, BLOCK)).to(tl.float32)
@@ -89,64 +90,6 @@ def _two_phase_kernel(x_ptr, y_ptr, out_ptr, cnt_ptr, nx_per, ny_per, P1, P2, BL
             tl.atomic_xchg(cnt_ptr, 0, sem="relaxed", scope="gpu")
             tl.atomic_xchg(cnt_ptr + 1, 0, sem="relaxed", scope="gpu")
             tl.atomic_xchg(cnt_ptr + 2, 0, sem="relaxed", scope="gpu")
-
-
-@triton.jit
-def _persist_kernel(x_ptr, y_ptr, out_ptr, cnt_ptr, nx_per, ny_per, P, BLOCK: tl.constexpr, FAN: tl.constexpr):
-    """Every program reads its slice of x, arrives, waits until all P programs have, then reads its slice of y
-    (a persistent two-phase launch: no program waits while others still stream phase 1, unless it is done).
-    Needs all P programs resident at once."""
-    pid = tl.program_id(0)
-    s = _sum_slice(x_ptr, pid.to(tl.int64) * nx_per, nx_per, BLOCK)
-    tl.store(out_ptr + pid, s)
-    tl.debug_barrier()
-    if FAN == 0:
-        tl.atomic_add(cnt_ptr + 1, 1, sem="release", scope="gpu")
-        wait_for(cnt_ptr + 1, P)
-    else:  # tree: FAN leaf counters (cnt[3:3+FAN]), the last of each leaf arrives at the root cnt[1]
-        leaf = pid % FAN
-        n_leaf = (P - leaf + FAN - 1) // FAN
-        n_root = tl.minimum(P, FAN)
-        if tl.atomic_add(cnt_ptr + 3 + leaf, 1, sem="acq_rel", scope="gpu") == n_leaf - 1:
-            tl.atomic_xchg(cnt_ptr + 3 + leaf, 0, sem="relaxed", scope="gpu")
-            tl.atomic_add(cnt_ptr + 1, 1, sem="release", scope="gpu")
-        wait_for(cnt_ptr + 1, n_root)
-    dep = tl.load(out_ptr + (pid + 1) % P, cache_modifier=".cg")
-    s2 = _sum_slice(y_ptr, pid.to(tl.int64) * ny_per, ny_per, BLOCK)
-    tl.store(out_ptr + P + pid, s2 + dep * 0.0)
-    if tl.atomic_add(cnt_ptr + 2, 1, sem="acq_rel", scope="gpu") == P - 1:
-        tl.atomic_xchg(cnt_ptr + 1, 0, sem="relaxed", scope="gpu")
-        tl.atomic_xchg(cnt_ptr + 2, 0, sem="relaxed", scope="gpu")
-
-
-def persist_cap() -> int:
-    """The most programs of ``_persist_kernel`` resident at once (registers, threads and blocks per SM)."""
-    x = torch.zeros(BLOCK, device=DEV, dtype=torch.bfloat16)
-    out, cnt = torch.empty(2, device=DEV), torch.zeros(3, device=DEV, dtype=torch.int32)
-    k = _persist_kernel[(1,)](x, x, out, cnt, BLOCK, BLOCK, 1, BLOCK=BLOCK, FAN=0)
-    if DEV == "cpu":
-        return 1
-    props = torch.cuda.get_device_properties(0)
-    threads = 32 * k.metadata.num_warps
-    per_sm = min(65536 // max(1, k.n_regs * threads), 2048 // threads, 32)
-    print("persist kernel: regs", k.n_regs, "per SM", per_sm, flush=True)
-    return per_sm * props.multi_processor_count
-
-
-def persist_calls(mb_a: float, mb_b: float, grid: int, fan: int = 0):
-    pa, ta = _elems(mb_a, grid)
-    pb, tb = _elems(mb_b, grid)
-    xs, ys = _buffers(ta), _buffers(tb)
-    out = torch.empty(2 * grid, device=DEV)
-    cnt = torch.zeros(3 + 64, device=DEV, dtype=torch.int32)
-
-    def call(i: int):
-        _persist_kernel[(grid,)](xs[i % len(xs)], ys[i % len(ys)], out, cnt, pa, pb, grid, BLOCK=BLOCK, FAN=fan)
-
-    call(0)
-    ref = torch.cat([xs[0].float().view(grid, pa).sum(1), ys[0].float().view(grid, pb).sum(1)])
-    ok = torch.allclose(out, ref, rtol=1e-3, atol=1e-1) and int(cnt.abs().sum()) == 0
-    return [lambda i=i: call(i) for i in range(max(len(xs), len(ys)))], (ta + tb) * 2, ok
 
 
 def _elems(mb: float, grid: int) -> tuple[int, int]:
@@ -193,7 +136,7 @@ def main() -> None:
     if args.smoke:
         global DEV, BLOCK
         DEV, BLOCK = "cpu", 64
-        checks = [read_calls(0.001, 3)[2], two_phase_calls(0.001, 0.002, 3, False)[2], persist_calls(0.001, 0.002, 1)[2], persist_calls(0.001, 0.002, 1, 8)[2],
+        checks = [read_calls(0.001, 3)[2], two_phase_calls(0.001, 0.002, 3, False)[2],
                   two_phase_calls(0.001, 0.002, 3, True)[2]]  # fmt: skip
         print("smoke", "ok" if all(checks) else f"FAILED {checks}")
         raise SystemExit(0 if all(checks) else 1)
@@ -224,21 +167,17 @@ def main() -> None:
     c, inv_bw = torch.linalg.lstsq(a, yt[:, None]).solution[:, 0].tolist()
     fit = {"kind": "fit", "fixed_us": c, "tb_per_s": 1e-6 / inv_bw}  # inv_bw: µs per byte
     recs.append(fit)
-    cap = persist_cap()
     for mb_a, mb_b in BOUNDARIES:
         g = best[mb_b]["grid"]
         ra, rb, rab = read_calls(mb_a, g), read_calls(mb_b, g), read_calls(mb_a + mb_b, g)
         t_no, t_pf = two_phase_calls(mb_a, mb_b, g, False), two_phase_calls(mb_a, mb_b, g, True)
         fa, fb = ra[0], rb[0]
         two = [lambda i=i, fa=fa, fb=fb: (fa[i % len(fa)](), fb[i % len(fb)]()) for i in range(max(len(fa), len(fb)))]
-        pgrids = tuple((pg, fan) for pg in (528, 1056) for fan in (0, 8, 32) if pg <= cap)
-        pers = [persist_calls(mb_a, mb_b, pg, fan) for pg, fan in pgrids]
-        ms = time_together([two, rab[0], t_no[0], t_pf[0], *(p[0] for p in pers)])
-        ok = ra[2] and rb[2] and t_no[2] and t_pf[2] and all(p[2] for p in pers)
+        ms = time_together([two, rab[0], t_no[0], t_pf[0]])
+        ok = ra[2] and rb[2] and t_no[2] and t_pf[2]
         rec = {"kind": "boundary", "a_mb": ra[1] / 1e6, "b_mb": rb[1] / 1e6, "grid": g, "ok": ok,
                "two_launches_us": ms[0] * 1e3, "one_launch_us": ms[1] * 1e3, "in_launch_wait_us": ms[2] * 1e3,
-               "in_launch_wait_prefetch_us": ms[3] * 1e3,
-               "persistent_us": {f"{pg}/fan{fan}": ms[4 + i] * 1e3 for i, (pg, fan) in enumerate(pgrids)}}  # fmt: skip
+               "in_launch_wait_prefetch_us": ms[3] * 1e3}  # fmt: skip
         recs.append(rec)
         print(json.dumps(rec), flush=True)
         torch.cuda.empty_cache()

@@ -14,8 +14,6 @@ run concurrently, which holds for launches on one stream.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from ._triton_utils import HAS_TRITON
@@ -24,8 +22,6 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-_WAIT_MODE_INT = int(os.environ.get("WIDE_WAIT_MODE", "0"))  # experiment: how wait_for polls
-_PID_TICKET_INT = int(os.environ.get("WIDE_PID_TICKET", "0"))  # experiment: tickets in program-id order
 COUNTER_SLOTS = 1 << 16  # tiles one launch may split (int32 each: 256 KiB per buffer)
 _BUFFERS: dict[tuple, torch.Tensor] = {}
 
@@ -68,51 +64,14 @@ if HAS_TRITON:
             tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")
         return last
 
-    WAIT_MODE = tl.constexpr(_WAIT_MODE_INT)
-    PID_TICKET = tl.constexpr(_PID_TICKET_INT)
-
-    @triton.jit
-    def draw_ticket(cnt_ptr):
-        if PID_TICKET:
-            t = tl.program_id(0)
-        else:
-            t = tl.atomic_add(cnt_ptr, 1, sem="relaxed", scope="gpu")
-        return t
-
-    @triton.jit
-    def _ld_acquire(ptr):
-        return tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
-                                         is_pure=False, pack=1)  # fmt: skip
-
-    @triton.jit
-    def _nanosleep():
-        return tl.inline_asm_elementwise("nanosleep.u32 200; mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
-                                         is_pure=False, pack=1)  # fmt: skip
-
     @triton.jit
     def wait_for(counter_ptr, n):
         """Spin until the counter reaches n (acquire: the writes released before each increment are visible).
         Only ever wait for programs that drew an earlier ticket (already running or done), so the wait cannot
         deadlock; under the CPU interpreter programs run in ticket order and the first read passes."""
-        if WAIT_MODE == 0:
+        done = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+        while done < n:
             done = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
-            while done < n:
-                done = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
-        elif WAIT_MODE == 1:  # relaxed (volatile) loads, one acquire RMW once the count is reached
-            done = tl.load(counter_ptr, volatile=True)
-            while done < n:
-                done = tl.load(counter_ptr, volatile=True)
-            tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
-        elif WAIT_MODE == 2:  # volatile loads with a back-off
-            done = tl.load(counter_ptr, volatile=True)
-            while done < n:
-                z = _nanosleep()
-                done = tl.load(counter_ptr + z, volatile=True)
-            tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
-        else:  # ld.acquire.gpu loads
-            done = _ld_acquire(counter_ptr)
-            while done < n:
-                done = _ld_acquire(counter_ptr)
 
     @triton.jit
     def sum_partials(part_ptr, split_stride, rows, SPLITS: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):

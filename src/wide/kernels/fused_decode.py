@@ -58,7 +58,7 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from ._split_reduce import arrive, draw_ticket, sum_partials, wait_for
+    from ._split_reduce import arrive, sum_partials, wait_for
     from ._triton_utils import pdl_begin
 
 MAX_BATCH = 16  # decode only: one 16-row tensor-core tile holds the batch
@@ -662,7 +662,7 @@ if HAS_TRITON:
         pdl_begin(PDL)
         n_prod = NG * CPG
         n_tiles = (tl.num_programs(0) - n_prod) // KS
-        ticket = draw_ticket(cnt_ptr)
+        ticket = tl.atomic_add(cnt_ptr, 1, sem="relaxed", scope="gpu")
         offs_m = tl.arange(0, BM)
         in_m = offs_m < B
         dt = xo_ptr.dtype.element_ty
