@@ -205,8 +205,8 @@ def main() -> None:
     ap.add_argument(
         "--fused-tunes",
         default="",
-        help="override sets, '/'-separated (e.g. router_overlap=0/router_overlap=1): each fused WIDE row is "
-        "measured under each in turn, on top of --tune",
+        help="override sets, '/'-separated (e.g. router_overlap=0/router_overlap=1): each fused row (dense and "
+        "WIDE) is measured under each in turn, on top of --tune, and compared with the dense row of the same set",
     )
     ap.add_argument("--no-check", action="store_true", help="no fused-vs-unfused correctness rows")
     args = ap.parse_args()
@@ -277,14 +277,16 @@ def run_all(args: argparse.Namespace, tune: dict[str, int]) -> None:
     wm = WideModel(model, WideConfig(ffn_group_size=sizes[0]))  # the dense rows do not route: any G
     probe = torch.randint(0, shape["vocab_size"], (1, 512 if not args.smoke else 32), device=dev)
     modes = (True,) if args.fused_only else (False, True)
-    dense = {}
+    dense = {}  # (B, fused, the fused row's extra overrides) -> TPOT ms
     for b in batches:
-        for fused in modes:
-            r = run(
-                {"kind": "tpot", "variant": "dense", "fused": fused, "B": b, "sparsity": 0.0, "compiled": comp(fused)},
-                lambda b=b, fused=fused: measure(wm, False, fused, b, args.ctx, args.reps, compile=comp(fused)),
-            )
-            dense[(b, fused)] = r.get("tpot_ms")
+        for fused, extra in ((f, t) for f in modes for t in (tunes if f else [None])):
+            rec = {"kind": "tpot", "variant": "dense", "fused": fused, "B": b, "sparsity": 0.0, "compiled": comp(fused)}
+            if extra is not None:
+                rec["fused_tune"] = extra
+            with fused_decode.launch_overrides(**{**tune, **(extra or {})}):
+                r = run(rec, lambda b=b, fused=fused: measure(wm, False, fused, b, args.ctx, args.reps,
+                                                              compile=comp(fused)))  # fmt: skip
+            dense[(b, fused, json.dumps(extra))] = r.get("tpot_ms")
     for g, a_rate, f_rate, src in levels:
         if g != wm.config.ffn_group_size:  # another G: new routers on the same weights
             wm.detach()
@@ -310,8 +312,8 @@ def run_all(args: argparse.Namespace, tune: dict[str, int]) -> None:
                         ),
                     )
                 for key, ref in (
-                    ("tpot_speedup", dense.get((b, False))),
-                    ("tpot_speedup_vs_dense_fused", dense.get((b, True))),
+                    ("tpot_speedup", dense.get((b, False, "null"))),
+                    ("tpot_speedup_vs_dense_fused", dense.get((b, True, json.dumps(extra)))),
                 ):
                     if r.get("tpot_ms") and ref:
                         r[key] = ref / r["tpot_ms"]
@@ -344,10 +346,11 @@ def run_all(args: argparse.Namespace, tune: dict[str, int]) -> None:
     for b in batches:  # dense speed-ups of the fused dense rows
         for r in rows:
             if r.get("kind") == "tpot" and r["variant"] == "dense" and r.get("B") == b and r.get("tpot_ms"):
-                if dense.get((b, False)):
-                    r["tpot_speedup"] = dense[(b, False)] / r["tpot_ms"]
-                if dense.get((b, True)):
-                    r["tpot_speedup_vs_dense_fused"] = dense[(b, True)] / r["tpot_ms"]
+                if dense.get((b, False, "null")):
+                    r["tpot_speedup"] = dense[(b, False, "null")] / r["tpot_ms"]
+                ref = dense.get((b, True, json.dumps(r.get("fused_tune") if r["fused"] else tunes[0])))
+                if ref:
+                    r["tpot_speedup_vs_dense_fused"] = ref / r["tpot_ms"]
     wm.config.ffn_router_source = "block"
     wm.detach()
     if not args.no_hf and dev == "cuda":
@@ -358,8 +361,8 @@ def run_all(args: argparse.Namespace, tune: dict[str, int]) -> None:
                 rows.append(rec)
                 continue
             r = run(rec, lambda b=b: hf_static_decode(model, b, args.ctx, args.reps))
-            if r.get("tpot_ms") and dense.get((b, False)):
-                r["tpot_speedup"] = dense[(b, False)] / r["tpot_ms"]
+            if r.get("tpot_ms") and dense.get((b, False, "null")):
+                r["tpot_speedup"] = dense[(b, False, "null")] / r["tpot_ms"]
     meta["wall_s"] = time.time() - t0
     _write(args.out, rows, meta)
 

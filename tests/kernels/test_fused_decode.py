@@ -216,6 +216,18 @@ def test_down_step_rule():
     assert FD.down_step(256, 56, 4, 128, 128) == (128, 1)
 
 
+def test_attn_split_rule():
+    """About one program per SM for the batch's (token, group) pairs, at most 16 splits of at least 256 keys."""
+    assert FD.attn_num_splits(1, 8, 4104, 132) == 16
+    assert FD.attn_num_splits(2, 8, 4104, 132) == 8
+    assert FD.attn_num_splits(3, 8, 4104, 132) == 5
+    assert FD.attn_num_splits(16, 8, 4104, 132) == 1
+    assert FD.attn_num_splits(12, 8, 4104, 132) == 1
+    assert FD.attn_num_splits(1, 8, 1024, 132) == 4  # 256 keys a split at least
+    assert FD.attn_num_splits(16, 16, 200, 132) == 1
+    assert FD.attn_num_splits(1, 2, 1 << 20, 132) == 16
+
+
 def test_rejects_bad_input():
     x = torch.randn(17, 8)
     with pytest.raises(ValueError, match="1 <= B <= 16"):
@@ -254,7 +266,7 @@ def test_ffn_bf16_rule_on_gpu(b, mode, g, span):
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("b", [1, 16])
+@pytest.mark.parametrize("b", [1, 4, 16])  # 16, 4 and 1 KV splits at the rule
 @pytest.mark.parametrize("grouped", [False, True])
 def test_qkv_attention_o_bf16_rule_on_gpu(b, grouped):
     torch.manual_seed(b)

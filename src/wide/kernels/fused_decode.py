@@ -799,10 +799,12 @@ def qkv_row_slices(head_dim: int, qk_norm: bool, n_heads: int, sms: int) -> int:
 
 
 def attn_num_splits(batch: int, hk: int, max_len: int, sms: int) -> int:
-    """Static KV split count (shapes only): >= 256 keys per split, at most 16, whatever the batch. More
-    splits lose at every batch: the merging program reads every split's partials in turn
-    (docs/kernels.md, "Fused decode layer")."""
-    return int(max(1, min(16, max_len // 256)))
+    """Static KV split count (shapes only): the batch's B x Hk (token, group) pairs split ``sms // (B Hk)`` ways,
+    about one program per SM, at most 16 splits of at least 256 keys. More programs lose at every batch (the
+    merging program reads every split's partials in turn), even at B 1 where 16 splits of 8 groups leave SMs
+    idle; fewer, longer splits lose once the batch's programs no longer fill the SMs
+    (docs/kernels.md#fused-decode-layer)."""
+    return int(max(1, min(16, max_len // 256, sms // max(1, batch * hk))))
 
 
 def k_splits(n_tiles: int, max_splits: int, sms: int) -> int:
