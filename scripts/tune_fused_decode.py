@@ -228,7 +228,7 @@ def attn_case(b: int, routed: bool, gen: torch.Generator):
     run = torch.ones(b, HK, dtype=torch.bool, device=DEV) if mask is None else mask
 
     def call(i: int):
-        return FD.attention_decode_merged(q, *caches[i], lens, run, len_add=1)
+        return FD.attention_decode_merged(q, *caches[i], lens, mask, len_add=1)  # mask None: dense
 
     def check(out):
         kc, vc = caches[0]

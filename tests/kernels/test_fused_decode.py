@@ -217,15 +217,31 @@ def test_down_step_rule():
 
 
 def test_attn_split_rule():
-    """About one program per SM for the batch's (token, group) pairs, at most 16 splits of at least 256 keys."""
-    assert FD.attn_num_splits(1, 8, 4104, 132) == 16
-    assert FD.attn_num_splits(2, 8, 4104, 132) == 8
-    assert FD.attn_num_splits(3, 8, 4104, 132) == 5
-    assert FD.attn_num_splits(16, 8, 4104, 132) == 1
-    assert FD.attn_num_splits(12, 8, 4104, 132) == 1
-    assert FD.attn_num_splits(1, 8, 1024, 132) == 4  # 256 keys a split at least
-    assert FD.attn_num_splits(16, 16, 200, 132) == 1
-    assert FD.attn_num_splits(1, 2, 1 << 20, 132) == 16
+    """Dense: about one program per SM for the batch's (token, group) pairs; routed: the most splits. At most 16
+    splits of at least 256 keys."""
+    assert FD.attn_num_splits(1, 8, 4104, 132, routed=False) == 16
+    assert FD.attn_num_splits(2, 8, 4104, 132, routed=False) == 8
+    assert FD.attn_num_splits(3, 8, 4104, 132, routed=False) == 5
+    assert FD.attn_num_splits(16, 8, 4104, 132, routed=False) == 1
+    assert FD.attn_num_splits(1, 8, 1024, 132, routed=False) == 4  # 256 keys a split at least
+    assert FD.attn_num_splits(16, 16, 200, 132, routed=False) == 1
+    assert FD.attn_num_splits(1, 2, 1 << 20, 132, routed=False) == 16
+    for b in (1, 4, 16):
+        assert FD.attn_num_splits(b, 8, 4104, 132) == 16
+    assert FD.attn_num_splits(16, 8, 1024, 132) == 4
+
+
+def test_dense_attention_is_the_all_true_mask(kernel_device):
+    """mask=None runs every group: the same bits as an all-true mask at the same split count."""
+    torch.manual_seed(0)
+    b, hq, hk, d, s = 3, 8, 2, 32, 40
+    q, kc, vc = torch.randn(b, hq, d), torch.randn(b, s, hk, d), torch.randn(b, s, hk, d)
+    lens = torch.randint(1, s, (b,), dtype=torch.int32)
+    q, kc, vc, lens = _to(kernel_device, q, kc, vc, lens)
+    ones = torch.ones(b, hk, dtype=torch.bool, device=q.device)
+    for ns in (1, 3):
+        dense = FD.attention_decode_merged(q, kc, vc, lens, None, len_add=1, num_splits=ns)
+        assert torch.equal(dense, FD.attention_decode_merged(q, kc, vc, lens, ones, len_add=1, num_splits=ns))
 
 
 def test_rejects_bad_input():
@@ -266,7 +282,25 @@ def test_ffn_bf16_rule_on_gpu(b, mode, g, span):
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("b", [1, 4, 16])  # 16, 4 and 1 KV splits at the rule
+@pytest.mark.parametrize("b", [1, 3, 16])  # dense: 16, 5 and 1 KV splits at the rule
+def test_dense_attention_bf16_rule_on_gpu(b):
+    torch.manual_seed(b)
+    dev, hq, hk, d, s = "cuda", 32, 8, 128, 4104
+    q = torch.randn(b, hq, d, device=dev)
+    kc, vc = torch.randn(b, s, hk, d, device=dev), torch.randn(b, s, hk, d, device=dev)
+    lens = torch.full((b,), 4095, device=dev, dtype=torch.int32)
+    ones = torch.ones(b, hk, dtype=torch.bool, device=dev)
+    from wide.kernels.attention_reference import attention_decode_ref
+
+    o32 = attention_decode_ref(q, kc, vc, lens + 1, ones)
+    q, kc, vc = q.bfloat16(), kc.bfloat16(), vc.bfloat16()
+    o_lp = attention_decode_ref(q, kc, vc, lens + 1, ones, upcast=False)
+    assert_close_to_ref(FD.attention_decode_merged(q, kc, vc, lens, None, len_add=1), o32, o_lp)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("b", [1, 4, 16])
 @pytest.mark.parametrize("grouped", [False, True])
 def test_qkv_attention_o_bf16_rule_on_gpu(b, grouped):
     torch.manual_seed(b)

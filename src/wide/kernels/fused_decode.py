@@ -505,11 +505,12 @@ if HAS_TRITON:
         s_kb, s_ks, s_kh, s_vb, s_vs, s_vh,
         HQ: tl.constexpr, HK: tl.constexpr, HPG_P: tl.constexpr, HEAD_D: tl.constexpr,
         BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, NS_P: tl.constexpr, PREC: tl.constexpr,
-        PDL: tl.constexpr,
+        ROUTED: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         """One program per (token b, KV group g, split): online softmax over its slice of the cache;
         the last split of (b, g) to arrive merges the splits' partials by log-sum-exp in split order.
-        A skipped (b, g) reads no KV: split 0 writes the zeros. q/o: [B, HQ, HEAD_D] contiguous."""
+        A skipped (b, g) reads no KV: split 0 writes the zeros (ROUTED; else every pair runs and no mask is
+        read). q/o: [B, HQ, HEAD_D] contiguous."""
         pdl_begin(PDL)
         HPG: tl.constexpr = HQ // HK
         bg = tl.program_id(0)  # b * HK + g
@@ -517,7 +518,9 @@ if HAS_TRITON:
         b = bg // HK
         g = bg % HK
         b64 = b.to(tl.int64)
-        act = tl.load(mask_ptr + bg).to(tl.int32)
+        act = 1
+        if ROUTED:
+            act = tl.load(mask_ptr + bg).to(tl.int32)
         hh = tl.arange(0, HPG_P)
         hmask = hh < HPG
         head = g * HPG + hh
@@ -798,13 +801,15 @@ def qkv_row_slices(head_dim: int, qk_norm: bool, n_heads: int, sms: int) -> int:
     return rs
 
 
-def attn_num_splits(batch: int, hk: int, max_len: int, sms: int) -> int:
-    """Static KV split count (shapes only): the batch's B x Hk (token, group) pairs split ``sms // (B Hk)`` ways,
-    about one program per SM, at most 16 splits of at least 256 keys. More programs lose at every batch (the
-    merging program reads every split's partials in turn), even at B 1 where 16 splits of 8 groups leave SMs
-    idle; fewer, longer splits lose once the batch's programs no longer fill the SMs
-    (docs/kernels.md#fused-decode-layer)."""
-    return int(max(1, min(16, max_len // 256, sms // max(1, batch * hk))))
+def attn_num_splits(batch: int, hk: int, max_len: int, sms: int, routed: bool = True) -> int:
+    """Static KV split count (shapes only): at most 16 splits of at least 256 keys. Dense (every (token, group)
+    pair runs): the batch's B x Hk pairs split ``sms // (B Hk)`` ways, about one program per SM; more programs
+    lose at every batch (the merging program reads every split's partials in turn), fewer leave SMs idle.
+    Routed: the most splits, whatever the batch: how many pairs run is known only once the mask is read, and a
+    few running pairs need many short splits (a count from the expected running pairs that suits 50% skipped
+    loses at 70%, docs/kernels.md#fused-decode-layer)."""
+    cap = max(1, min(16, max_len // 256))
+    return cap if routed else max(1, min(cap, sms // max(1, batch * hk)))
 
 
 def k_splits(n_tiles: int, max_splits: int, sms: int) -> int:
@@ -937,16 +942,17 @@ def _attn_op(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     lens: torch.Tensor,
-    mask: torch.Tensor,
+    mask: torch.Tensor | None,
     len_add: int,
     num_splits: int,
 ) -> torch.Tensor:
     from wide.kernels.attention_reference import attention_decode_ref
 
-    if not use_triton(q):
-        return attention_decode_ref(q, k_cache, v_cache, lens + len_add, mask)
     b, hq, hd = q.shape
     hk = k_cache.shape[2]
+    if not use_triton(q):
+        run = torch.ones(b, hk, dtype=torch.bool, device=q.device) if mask is None else mask
+        return attention_decode_ref(q, k_cache, v_cache, lens + len_add, run)
     hpg_p = max(16, next_pow2(hq // hk))
     o = torch.empty_like(q)
     ns = int(num_splits)
@@ -958,11 +964,11 @@ def _attn_op(
     bn, nw, st = (16, 4, 1) if not q.is_cuda else (bn, 8 if hd >= 128 else 4, 3)
     bn, nw = _ov("attn_block_n", bn), _ov("attn_warps", nw)
     _attn_kernel[(b * hk, ns)](
-        q, k_cache, v_cache, lens, mask.view(torch.uint8), o, op, lse, cnt,
+        q, k_cache, v_cache, lens, _u8(mask, q), o, op, lse, cnt,
         _LOG2E / math.sqrt(hd), int(len_add),
         *k_cache.stride()[:3], *v_cache.stride()[:3],
         HQ=hq, HK=hk, HPG_P=hpg_p, HEAD_D=hd, BLOCK_N=bn, NUM_SPLITS=ns, NS_P=next_pow2(ns), PREC=_prec(q),
-        num_warps=nw, num_stages=st, **pdl_launch(q),
+        ROUTED=mask is not None, num_warps=nw, num_stages=st, **pdl_launch(q),
     )  # fmt: skip
     return o
 
@@ -1128,19 +1134,24 @@ def attention_decode_merged(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     lens: torch.Tensor,
-    mask: torch.Tensor,
+    mask: torch.Tensor | None,
     *,
     len_add: int = 0,
     num_splits: int | None = None,
 ) -> torch.Tensor:
     """Routed decode attention in one launch: q [B, Hq, d], caches [B_max, S, Hk, d], attend to positions
-    < lens[b] + len_add, mask [B, Hk] bool -> o [B, Hq, d] (zeros for skipped groups)."""
+    < lens[b] + len_add, mask [B, Hk] bool (None: dense, every group runs) -> o [B, Hq, d] (zeros for skipped
+    groups). ``num_splits``: KV splits (None: ``attn_num_splits``' rule for a dense or routed call)."""
     b, hq, hd = q.shape
     if not q.is_contiguous() or b > MAX_BATCH:
         raise ValueError(f"q must be contiguous [B <= {MAX_BATCH}, Hq, d], got {tuple(q.shape)}")
-    _check_mask(mask, b, k_cache.shape[2], "mask")
+    hk = k_cache.shape[2]
+    _check_mask(mask, b, hk, "mask")
     _check_cache(k_cache, v_cache)
-    ns = attn_num_splits(b, k_cache.shape[2], k_cache.shape[1], _sms(q)) if num_splits is None else num_splits
+    if num_splits is None:
+        ns = attn_num_splits(b, hk, k_cache.shape[1], _sms(q), routed=mask is not None)
+    else:
+        ns = num_splits
     ns = _ov("attn_splits", ns)
     if interpret_mode() and num_splits is None:
         ns = min(ns, 2)

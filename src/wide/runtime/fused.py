@@ -145,7 +145,6 @@ def fused_decode_step(rt, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     x = x[:, 0].contiguous()  # [B, D]
     p = pos[:, 0]
     lens = rt.cache.lens[:b]
-    dense_mask = None if rt.routed else torch.ones(b, st.n_kv, dtype=torch.bool, device=x.device)
     h = FD.fused_rms_norm(x, layers[0].ln_attn, layers[0].eps_attn)
     final = rt.hf.model.norm
     masks = []  # per layer (attention [B, Hk], FFN [B, G]) when routed: rt.fused_masks (benchmarks read them)
@@ -168,9 +167,7 @@ def fused_decode_step(rt, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         )  # fmt: skip
         if side is not None:  # join: attention reads the attention mask
             main.wait_stream(side)
-        o = FD.attention_decode_merged(
-            q, rt.cache.k[i], rt.cache.v[i], lens, mask_a if mask_a is not None else dense_mask, len_add=1
-        )
+        o = FD.attention_decode_merged(q, rt.cache.k[i], rt.cache.v[i], lens, mask_a, len_add=1)
         x, h = FD.o_proj_residual_norm(o.view(b, -1), w.wo, w.bo, mask_a, x, w.ln_ffn, w.eps_ffn)
         if w.router_ffn is not None and not early:  # the FFN router reads the FFN block's input
             mask_f = router_decisions(x if st.router_residual else h, *w.router_ffn)
