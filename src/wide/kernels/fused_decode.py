@@ -806,8 +806,8 @@ def attn_num_splits(batch: int, hk: int, max_len: int, sms: int, routed: bool = 
     pair runs): the batch's B x Hk pairs split ``sms // (B Hk)`` ways, about one program per SM; more programs
     lose at every batch (the merging program reads every split's partials in turn), fewer leave SMs idle.
     Routed: the most splits, whatever the batch: how many pairs run is known only once the mask is read, and a
-    few running pairs need many short splits (a count from the expected running pairs that suits 50% skipped
-    loses at 70%, docs/kernels.md#fused-decode-layer)."""
+    few running pairs need many short splits (the dense count measured slower for routed calls at several batch
+    sizes, docs/kernels.md#fused-decode-layer)."""
     cap = max(1, min(16, max_len // 256))
     return cap if routed else max(1, min(cap, sms // max(1, batch * hk)))
 
