@@ -217,18 +217,46 @@ def test_down_step_rule():
 
 
 def test_attn_split_rule():
-    """Dense: about one program per SM for the batch's (token, group) pairs; routed: the most splits. At most 16
-    splits of at least 256 keys."""
-    assert FD.attn_num_splits(1, 8, 4104, 132, routed=False) == 16
-    assert FD.attn_num_splits(2, 8, 4104, 132, routed=False) == 8
-    assert FD.attn_num_splits(3, 8, 4104, 132, routed=False) == 5
-    assert FD.attn_num_splits(16, 8, 4104, 132, routed=False) == 1
-    assert FD.attn_num_splits(1, 8, 1024, 132, routed=False) == 4  # 256 keys a split at least
-    assert FD.attn_num_splits(16, 16, 200, 132, routed=False) == 1
-    assert FD.attn_num_splits(1, 2, 1 << 20, 132, routed=False) == 16
-    for b in (1, 4, 16):
-        assert FD.attn_num_splits(b, 8, 4104, 132) == 16
-    assert FD.attn_num_splits(16, 8, 1024, 132) == 4
+    """About one program per SM for the batch's running (token, group) pairs, at most 16 splits of at least 256
+    keys: the best count of the H100 sweep with every pair running and with half of them skipped
+    (docs/kernels.md#fused-decode-layer)."""
+    assert FD.attn_num_splits(8, 4104, 132) == 16  # B 1, every group
+    assert FD.attn_num_splits(4, 4104, 132) == 16  # B 1, half
+    assert FD.attn_num_splits(16, 4104, 132) == 8
+    assert FD.attn_num_splits(24, 4104, 132) == 5
+    assert FD.attn_num_splits(64, 4104, 132) == 2  # B 16, half
+    assert FD.attn_num_splits(128, 4104, 132) == 1  # B 16, every group
+    assert FD.attn_num_splits(0, 4104, 132) == 16  # nothing runs: no item, the count unused
+    assert FD.attn_num_splits(8, 1024, 132) == 4  # 256 keys a split at least
+    assert FD.attn_num_splits(256, 200, 132) == 1
+    assert FD.attn_split_cap(1 << 20) == 16 and FD.attn_split_cap(10) == 1
+
+
+@pytest.mark.parametrize("mode", ["all", "random", "none", "one"])
+def test_attention_split_count_follows_the_running_pairs(kernel_device, mode):
+    """num_splits=None: the kernel splits each running pair by ``attn_num_splits`` of the pairs the mask runs,
+    giving the bits of that count passed as a fixed one, and the reference's values."""
+    torch.manual_seed(1)
+    b, hq, hk, d, s, programs = 3, 4, 2, 32, 600, 8  # the cap: 2 splits (600 keys)
+    q, kc, vc = torch.randn(b, hq, d), torch.randn(b, s, hk, d), torch.randn(b, s, hk, d)
+    lens = torch.tensor([599, 300, 17], dtype=torch.int32)
+    mask = _mask("none" if mode == "one" else mode, b, hk, seed=3)
+    if mode == "one":
+        mask[0, 1] = True
+    from wide.kernels.attention_reference import attention_decode_ref
+
+    ref = attention_decode_ref(q, kc, vc, lens + 1, mask)
+    q, kc, vc, lens, mask = _to(kernel_device, q, kc, vc, lens, mask)
+    with FD.launch_overrides(attn_programs=programs):
+        out = FD.attention_decode_merged(q, kc, vc, lens, mask, len_add=1)
+        dense = FD.attention_decode_merged(q, kc, vc, lens, None, len_add=1)
+    ns = FD.attn_num_splits(int(mask.sum()), s, programs)
+    assert ns == {"all": 1, "none": 2, "one": 2}.get(mode, ns)
+    torch.testing.assert_close(out.cpu(), ref, rtol=1e-4, atol=1e-4)
+    assert torch.equal(out, FD.attention_decode_merged(q, kc, vc, lens, mask, len_add=1, num_splits=ns))
+    ones = torch.ones_like(mask)
+    fixed = FD.attention_decode_merged(q, kc, vc, lens, ones, len_add=1, num_splits=FD.attn_num_splits(b * hk, s, 8))
+    assert torch.equal(dense, fixed)
 
 
 def test_dense_attention_is_the_all_true_mask(kernel_device):

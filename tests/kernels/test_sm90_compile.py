@@ -89,10 +89,10 @@ for routed, extra in ((False, dict(RS=2, HAS_BIAS=False, QK_NORM=False)), (True,
                       QK_NORM=False)), (True, dict(RS=1, HAS_BIAS=True, QK_NORM=True))):
     build("qkv", FD._qkv_kernel, QKV_ARGS, dict(QKV_CONST, ROUTED=routed, **extra), routed=routed, compact=False,
           dstages=None)
-ATTN_ARGS = [BF, BF, BF, I32, U8, BF, F32, F32, I32, "fp32", "i32"] + ["i32"] * 6
-for routed, splits, bn in ((True, 16, 64), (False, 16, 64), (False, 1, 128)):  # dense at B 1 and at B 16
-    build("attn", FD._attn_kernel, ATTN_ARGS, dict(HQ=32, HK=8, HPG_P=16, HEAD_D=128, BLOCK_N=bn, NUM_SPLITS=splits,
-          NS_P=splits, PREC="tf32", ROUTED=routed, PDL=False), warps=8, routed=routed, compact=False, dstages=None)
+ATTN_ARGS = [BF, BF, BF, I32, U8, BF, F32, F32, I32, "fp32"] + ["i32"] * 5 + ["i32"] * 6
+for routed, pairs, bn in ((True, 8, 64), (True, 128, 128), (False, 128, 128)):  # B 1 routed; B 16 routed, dense
+    build("attn", FD._attn_kernel, ATTN_ARGS, dict(HQ=32, HK=8, HPG_P=16, HEAD_D=128, BLOCK_N=bn, NS_P=16,
+          PAIRS_P=pairs, PREC="tf32", ROUTED=routed, PDL=False), warps=8, routed=routed, compact=False, dstages=None)
 build("norm", FD._norm_kernel, [BF, BF, BF, "i32", "i32", "fp32"], dict(RB=2, NB=4096, PDL=False), routed=False,
       compact=False, dstages=None)
 print(json.dumps(out))
@@ -110,7 +110,7 @@ def test_fused_decode_kernels_compile_for_sm90():
     for r in recs:  # pytest -s shows them: shared memory a program, asynchronous copies, PTX size per variant
         print(json.dumps(r))
     assert len(recs) == 24  # O: dense, predicated, compacted at 3 stages + 3 deeper; down-rule: 2; the FFN: 9; QKV 3,
-    # attention 3 (routed; dense at 16 and at 1 split), the norm
+    # attention 3 (routed at B 1 and 16, dense at B 16), the norm
     for r in recs:
         assert r["ptx_lines"] > 100 and (r["mma"] or r["kernel"] == "norm"), r  # tensor-core dots, a real kernel
         assert 0 < r["shared"] <= 227 * 1024, r  # fits one SM's shared memory

@@ -78,10 +78,11 @@ class LaunchOverrides:
     down_span=G gives one group a step);
     compact_k: 1 (the rule) the routed O and down loops visit only the K steps of groups some token runs (a
     list per program), 0 they predicate the others off; norm_tile: elements per step of the norm tails;
-    attn_splits: KV splits of decode attention (any count), attn_block_n: keys per step (a power of two >= 16),
-    attn_warps; router_overlap: 1 the layer's routers run on a side stream beside a QKV launch that computes
-    every Q head, 0 (the rule) they run before it and QKV skips the Q heads of groups no token runs
-    (``router_overlap``)."""
+    attn_splits: KV splits of every running pair of decode attention (any count; the rule: ``attn_num_splits``
+    on the running pairs), attn_programs: the programs that rule aims for (the rule: the SM count), attn_block_n:
+    keys per step (a power of two >= 16), attn_warps; router_overlap: 1 the layer's routers run on a side stream
+    beside a QKV launch that computes every Q head, 0 (the rule) they run before it and QKV skips the Q heads of
+    groups no token runs (``router_overlap``)."""
 
     block_k: int | None = None
     num_warps: int | None = None
@@ -99,6 +100,7 @@ class LaunchOverrides:
     compact_k: int | None = None
     norm_tile: int | None = None
     attn_splits: int | None = None
+    attn_programs: int | None = None
     attn_block_n: int | None = None
     attn_warps: int | None = None
     router_overlap: int | None = None
@@ -501,37 +503,52 @@ if HAS_TRITON:
     @triton.jit
     def _attn_kernel(
         q_ptr, kc_ptr, vc_ptr, lens_ptr, mask_ptr, o_ptr, op_ptr, lse_ptr, cnt_ptr,
-        qk_scale, LEN_ADD,
+        qk_scale, LEN_ADD, N_PAIRS, CAP, FIXED, PROGRAMS,
         s_kb, s_ks, s_kh, s_vb, s_vs, s_vh,
         HQ: tl.constexpr, HK: tl.constexpr, HPG_P: tl.constexpr, HEAD_D: tl.constexpr,
-        BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, NS_P: tl.constexpr, PREC: tl.constexpr,
+        BLOCK_N: tl.constexpr, NS_P: tl.constexpr, PAIRS_P: tl.constexpr, PREC: tl.constexpr,
         ROUTED: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
-        """One program per (token b, KV group g, split): online softmax over its slice of the cache;
-        the last split of (b, g) to arrive merges the splits' partials by log-sum-exp in split order.
-        A skipped (b, g) reads no KV: split 0 writes the zeros (ROUTED; else every pair runs and no mask is
-        read). q/o: [B, HQ, HEAD_D] contiguous."""
+        """Work items (running pair r, split) over a 1-D grid: the batch's running (token b, KV group g) pairs,
+        in pair order, each split ``ns`` ways, program p taking item (p // ns, p % ns). ns: CAP if FIXED, else
+        the running-pair rule ``attn_num_splits(n_run, ...)`` from the mask (every program reads all of it, at
+        most PAIRS_P bytes). An item runs online softmax over its slice of the cache; the last split of a pair
+        to arrive merges the splits' partials by log-sum-exp in split order. Programs p < N_PAIRS also write
+        the zeros of pair p if it is skipped (ROUTED; else every pair runs and no mask is read).
+        q/o: [B, HQ, HEAD_D] contiguous; partials [B*HK, HPG_P, NS_P, HEAD_D] (NS_P >= CAP)."""
         pdl_begin(PDL)
         HPG: tl.constexpr = HQ // HK
-        bg = tl.program_id(0)  # b * HK + g
-        split = tl.program_id(1)
+        pid = tl.program_id(0)
+        hh = tl.arange(0, HPG_P)
+        hmask = hh < HPG
+        offs_d = tl.arange(0, HEAD_D)
+        n_run = N_PAIRS
+        if ROUTED:
+            offs_p = tl.arange(0, PAIRS_P)
+            run = tl.load(mask_ptr + offs_p, mask=offs_p < N_PAIRS, other=0).to(tl.int32)
+            n_run = tl.sum(run, 0)
+            if tl.load(mask_ptr + pid, mask=pid < N_PAIRS, other=1) == 0:  # pair pid is skipped: its zeros
+                zb = (pid // HK).to(tl.int64) * HQ + (pid % HK) * HPG + hh
+                tl.store(o_ptr + zb[:, None] * HEAD_D + offs_d[None, :],
+                         tl.zeros([HPG_P, HEAD_D], o_ptr.dtype.element_ty), mask=hmask[:, None])  # fmt: skip
+        ns = CAP
+        if FIXED == 0:
+            ns = tl.maximum(1, tl.minimum(CAP, PROGRAMS // tl.maximum(n_run, 1)))
+        r = pid // ns
+        split = pid % ns
+        if r >= n_run:
+            return
+        bg = r  # b * HK + g: the r-th running pair
+        if ROUTED:
+            rank = tl.cumsum(run, 0)
+            bg = tl.sum(tl.where((run > 0) & (rank == r + 1), offs_p, 0), 0)
         b = bg // HK
         g = bg % HK
         b64 = b.to(tl.int64)
-        act = 1
-        if ROUTED:
-            act = tl.load(mask_ptr + bg).to(tl.int32)
-        hh = tl.arange(0, HPG_P)
-        hmask = hh < HPG
         head = g * HPG + hh
-        offs_d = tl.arange(0, HEAD_D)
         o_ptrs = o_ptr + (b64 * HQ + head)[:, None] * HEAD_D + offs_d[None, :]
-        if act == 0:
-            if split == 0:
-                tl.store(o_ptrs, tl.zeros([HPG_P, HEAD_D], o_ptr.dtype.element_ty), mask=hmask[:, None])
-            return
         n_len = tl.load(lens_ptr + b).to(tl.int32) + LEN_ADD
-        chunk = tl.cdiv(tl.cdiv(n_len, NUM_SPLITS), 16) * 16  # every split has keys (not BLOCK_N-rounded)
+        chunk = tl.cdiv(tl.cdiv(n_len, ns), 16) * 16  # every split has keys (not BLOCK_N-rounded)
         lo = split * chunk
         hi = tl.minimum(lo + chunk, n_len)
         q = tl.load(q_ptr + (b64 * HQ + head)[:, None] * HEAD_D + offs_d[None, :], mask=hmask[:, None], other=0.0)
@@ -555,27 +572,26 @@ if HAS_TRITON:
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
             m_i = m_new
-        if NUM_SPLITS == 1:
-            out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        if ns == 1:
             tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=hmask[:, None])
         else:
-            out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
             lse = tl.where(l_i > 0, m_i + tl.math.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
-            row = (bg * HPG_P + hh) * NUM_SPLITS + split  # op [B*HK, HPG_P, NS, D], lse [B*HK, HPG_P, NS]
+            row = (bg * HPG_P + hh) * NS_P + split
             tl.store(op_ptr + row[:, None] * HEAD_D + offs_d[None, :], out, mask=hmask[:, None])
             tl.store(lse_ptr + row, lse, mask=hmask)
-            if arrive(cnt_ptr + bg, NUM_SPLITS):  # merge: weights from every split's LSE, then a fixed-order sum
+            if arrive(cnt_ptr + bg, ns):  # merge: weights from every split's LSE, then a fixed-order sum
                 ss = tl.arange(0, NS_P)
-                lses = tl.load(lse_ptr + (bg * HPG_P + hh)[:, None] * NUM_SPLITS + ss[None, :],
-                               mask=hmask[:, None] & (ss < NUM_SPLITS)[None, :], other=float("-inf"),
+                lses = tl.load(lse_ptr + (bg * HPG_P + hh)[:, None] * NS_P + ss[None, :],
+                               mask=hmask[:, None] & (ss < ns)[None, :], other=float("-inf"),
                                cache_modifier=".cg")  # fmt: skip
                 mx = tl.max(lses, 1)
                 mx = tl.where(mx > float("-inf"), mx, 0.0)
                 tot = tl.sum(tl.where(lses > float("-inf"), tl.math.exp2(lses - mx[:, None]), 0.0), 1)
                 inv = 1.0 / tl.where(tot > 0, tot, 1.0)
                 merged = tl.zeros([HPG_P, HEAD_D], tl.float32)
-                for sp in range(0, NUM_SPLITS):
-                    rw = (bg * HPG_P + hh) * NUM_SPLITS + sp
+                for sp in range(0, ns):
+                    rw = (bg * HPG_P + hh) * NS_P + sp
                     ls = tl.load(lse_ptr + rw, mask=hmask, other=float("-inf"), cache_modifier=".cg")
                     wgt = tl.where(ls > float("-inf"), tl.math.exp2(ls - mx), 0.0) * inv
                     part = tl.load(op_ptr + rw[:, None] * HEAD_D + offs_d[None, :], mask=hmask[:, None], other=0.0,
@@ -801,15 +817,18 @@ def qkv_row_slices(head_dim: int, qk_norm: bool, n_heads: int, sms: int) -> int:
     return rs
 
 
-def attn_num_splits(batch: int, hk: int, max_len: int, sms: int, routed: bool = True) -> int:
-    """Static KV split count (shapes only): at most 16 splits of at least 256 keys. Dense (every (token, group)
-    pair runs): the batch's B x Hk pairs split ``sms // (B Hk)`` ways, about one program per SM; more programs
-    lose at every batch (the merging program reads every split's partials in turn), fewer leave SMs idle.
-    Routed: the most splits, whatever the batch: how many pairs run is known only once the mask is read, and a
-    few running pairs need many short splits (the dense count measured slower for routed calls at several batch
-    sizes, docs/kernels.md#fused-decode-layer)."""
-    cap = max(1, min(16, max_len // 256))
-    return cap if routed else max(1, min(cap, sms // max(1, batch * hk)))
+def attn_split_cap(max_len: int) -> int:
+    """The most KV splits a decode attention call takes: at most 16, each of at least 256 keys."""
+    return max(1, min(16, max_len // 256))
+
+
+def attn_num_splits(running: int, max_len: int, sms: int) -> int:
+    """KV splits of each running (token, group) pair, from how many of the batch's pairs run: about one program
+    per SM, ``sms // running``, within ``attn_split_cap``. More programs lose (the merging program reads every
+    split's partials in turn), fewer leave SMs idle, with every pair running and with half of them skipped
+    alike (docs/kernels.md#fused-decode-layer). The kernel applies it to the count it reads from the mask, so
+    the count, and with it a token's rounding, depends on the batch's masks (a repeat is bit-identical)."""
+    return max(1, min(attn_split_cap(max_len), sms // max(1, running)))
 
 
 def k_splits(n_tiles: int, max_splits: int, sms: int) -> int:
@@ -944,7 +963,7 @@ def _attn_op(
     lens: torch.Tensor,
     mask: torch.Tensor | None,
     len_add: int,
-    num_splits: int,
+    num_splits: int,  # 0: attn_num_splits' rule on the running pairs, read in the kernel
 ) -> torch.Tensor:
     from wide.kernels.attention_reference import attention_decode_ref
 
@@ -955,19 +974,29 @@ def _attn_op(
         return attention_decode_ref(q, k_cache, v_cache, lens + len_add, run)
     hpg_p = max(16, next_pow2(hq // hk))
     o = torch.empty_like(q)
-    ns = int(num_splits)
-    op = torch.empty(max(1, b * hk * hpg_p * ns * hd if ns > 1 else 1), dtype=torch.float32, device=q.device)
-    lse = torch.empty(max(1, b * hk * hpg_p * ns if ns > 1 else 1), dtype=torch.float32, device=q.device)
-    cnt = tile_counters(q, b * hk)
-    # keys per step: 64 unless a split holds more than ~512 keys (fewer masked lanes in its last step)
-    bn = 128 if k_cache.shape[1] > 512 * ns else 64
+    pairs = b * hk
+    fixed = num_splits > 0
+    cap = num_splits if fixed else attn_split_cap(k_cache.shape[1])
+    if interpret_mode() and not fixed:
+        cap = min(cap, 2)
+    programs = _ov("attn_programs", _sms(q))
+    ns_p = next_pow2(cap)
+    op = torch.empty(max(1, pairs * hpg_p * ns_p * hd if cap > 1 else 1), dtype=torch.float32, device=q.device)
+    lse = torch.empty(max(1, pairs * hpg_p * ns_p if cap > 1 else 1), dtype=torch.float32, device=q.device)
+    cnt = tile_counters(q, pairs)
+    # keys per step: 64 unless a split holds more than ~512 keys (fewer masked lanes in its last step); a
+    # dynamic count is taken as the one with every pair running
+    ns_all = cap if fixed else attn_num_splits(pairs, k_cache.shape[1], programs)
+    bn = 128 if k_cache.shape[1] > 512 * ns_all else 64
     bn, nw, st = (16, 4, 1) if not q.is_cuda else (bn, 8 if hd >= 128 else 4, 3)
     bn, nw = _ov("attn_block_n", bn), _ov("attn_warps", nw)
-    _attn_kernel[(b * hk, ns)](
+    # work items: at most `programs` (one split each) once the pairs fill them, at least one per pair
+    grid = pairs * cap if fixed else max(pairs, min(programs, pairs * cap))
+    _attn_kernel[(grid,)](
         q, k_cache, v_cache, lens, _u8(mask, q), o, op, lse, cnt,
-        _LOG2E / math.sqrt(hd), int(len_add),
+        _LOG2E / math.sqrt(hd), int(len_add), pairs, cap, int(fixed), programs,
         *k_cache.stride()[:3], *v_cache.stride()[:3],
-        HQ=hq, HK=hk, HPG_P=hpg_p, HEAD_D=hd, BLOCK_N=bn, NUM_SPLITS=ns, NS_P=next_pow2(ns), PREC=_prec(q),
+        HQ=hq, HK=hk, HPG_P=hpg_p, HEAD_D=hd, BLOCK_N=bn, NS_P=ns_p, PAIRS_P=next_pow2(pairs), PREC=_prec(q),
         ROUTED=mask is not None, num_warps=nw, num_stages=st, **pdl_launch(q),
     )  # fmt: skip
     return o
@@ -1141,21 +1170,18 @@ def attention_decode_merged(
 ) -> torch.Tensor:
     """Routed decode attention in one launch: q [B, Hq, d], caches [B_max, S, Hk, d], attend to positions
     < lens[b] + len_add, mask [B, Hk] bool (None: dense, every group runs) -> o [B, Hq, d] (zeros for skipped
-    groups). ``num_splits``: KV splits (None: ``attn_num_splits``' rule for a dense or routed call)."""
+    groups). ``num_splits``: KV splits of every running pair (None: ``attn_num_splits``' rule, applied in the
+    kernel to the number of pairs the mask runs)."""
     b, hq, hd = q.shape
     if not q.is_contiguous() or b > MAX_BATCH:
         raise ValueError(f"q must be contiguous [B <= {MAX_BATCH}, Hq, d], got {tuple(q.shape)}")
     hk = k_cache.shape[2]
     _check_mask(mask, b, hk, "mask")
     _check_cache(k_cache, v_cache)
-    if num_splits is None:
-        ns = attn_num_splits(b, hk, k_cache.shape[1], _sms(q), routed=mask is not None)
-    else:
-        ns = num_splits
-    ns = _ov("attn_splits", ns)
-    if interpret_mode() and num_splits is None:
-        ns = min(ns, 2)
-    return _attn_op(q, k_cache, v_cache, lens, mask, int(len_add), int(ns))
+    if num_splits is not None and num_splits < 1:
+        raise ValueError(f"num_splits must be a positive int or None, got {num_splits}")
+    ns = _ov("attn_splits", num_splits)
+    return _attn_op(q, k_cache, v_cache, lens, mask, int(len_add), int(ns or 0))
 
 
 def o_proj_residual_norm(
