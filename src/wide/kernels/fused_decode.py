@@ -984,10 +984,11 @@ def _attn_op(
     op = torch.empty(max(1, pairs * hpg_p * ns_p * hd if cap > 1 else 1), dtype=torch.float32, device=q.device)
     lse = torch.empty(max(1, pairs * hpg_p * ns_p if cap > 1 else 1), dtype=torch.float32, device=q.device)
     cnt = tile_counters(q, pairs)
-    # keys per step: 64 unless a split holds more than ~512 keys (fewer masked lanes in its last step); a
-    # dynamic count is taken as the one with every pair running
-    ns_all = cap if fixed else attn_num_splits(pairs, k_cache.shape[1], programs)
-    bn = 128 if k_cache.shape[1] > 512 * ns_all else 64
+    # keys per step: 64 unless a split holds more than ~512 keys (fewer masked lanes in its last step); the
+    # count a launch expects: every pair running (dense), half of them (routed)
+    running = pairs if mask is None else max(1, pairs // 2)
+    expect = cap if fixed else attn_num_splits(running, k_cache.shape[1], programs)
+    bn = 128 if k_cache.shape[1] > 512 * expect else 64
     bn, nw, st = (16, 4, 1) if not q.is_cuda else (bn, 8 if hd >= 128 else 4, 3)
     bn, nw = _ov("attn_block_n", bn), _ov("attn_warps", nw)
     # work items: at most `programs` (one split each) once the pairs fill them, at least one per pair
