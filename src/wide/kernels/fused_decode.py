@@ -977,7 +977,7 @@ def _attn_op(
     pairs = b * hk
     fixed = num_splits > 0
     cap = num_splits if fixed else attn_split_cap(k_cache.shape[1])
-    if interpret_mode() and not fixed:
+    if interpret_mode() and not fixed:  # the CPU interpreter runs programs one by one: few splits keep tests short
         cap = min(cap, 2)
     programs = _ov("attn_programs", _sms(q))
     ns_p = next_pow2(cap)
