@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import platform
 import sys
 import tempfile
-from pathlib import Path
 
 # The CPU interpreter runs tl.dot as a numpy (OpenBLAS) matmul. OpenBLAS's FMA kernels (Haswell and later) sum a
 # column's products in an order that depends on the column's place in the block, which a GPU's MMA does not, so the
@@ -25,20 +23,6 @@ if "PYTEST_XDIST_WORKER" in os.environ and "TORCHINDUCTOR_CACHE_DIR" not in os.e
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
         tempfile.gettempdir(), f"torchinductor_{os.environ['PYTEST_XDIST_WORKER']}"
     )
-
-
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-
-
-def load_script(name: str):
-    """A module from scripts/ (`name`: its path there without ".py", e.g. "device/pack_work"), registered in
-    sys.modules under its file name, where dataclasses look their module up."""
-    mod_name = name.rsplit("/", 1)[-1]
-    spec = importlib.util.spec_from_file_location(mod_name, SCRIPTS / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def pytest_collection_modifyitems(config, items):

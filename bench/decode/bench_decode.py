@@ -1,6 +1,6 @@
 """Decode TPOT of the fused decode layer against today's decode, dense and WIDE (one H200, ~5 minutes).
 
-    python scripts/bench_decode.py --out $OUT            # -> $OUT/decode-CARD.json and .md
+    python -m bench.decode.bench_decode --out $OUT            # -> $OUT/decode-CARD.json and .md
 
 CARD names the GPU (h100, h200, ...: ``wide.bench.timing.card_tag``).
 
@@ -224,7 +224,7 @@ def run_all(args: argparse.Namespace, tune: dict[str, int]) -> None:
     """Every variant of the benchmark (under the caller's launch overrides)."""
     t0 = time.time()
     meta = {
-        "command": "python scripts/bench_decode.py " + " ".join(f"{k}={v}" for k, v in vars(args).items()),
+        "command": "python -m bench.decode.bench_decode " + " ".join(f"{k}={v}" for k, v in vars(args).items()),
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "torch": torch.__version__,
         "ctx": args.ctx,

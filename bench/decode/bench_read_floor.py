@@ -1,6 +1,6 @@
 """What a decode-sized launch costs before it reads anything: the floors under the fused decode layer.
 
-    python scripts/bench_read_floor.py --out $OUT     # one GPU, ~1 min -> $OUT/read-floor-CARD.json and .md
+    python -m bench.decode.bench_read_floor --out $OUT     # one GPU, ~1 min -> $OUT/read-floor-CARD.json and .md
 
 A plain streaming read (every program sums its contiguous slice of a bf16 buffer; nothing else) timed
 like the fused kernels (``wide.bench.timing``: CUDA graphs of back-to-back calls on rotated copies larger
@@ -141,7 +141,7 @@ def main() -> None:
         print("smoke", "ok" if all(checks) else f"FAILED {checks}")
         raise SystemExit(0 if all(checks) else 1)
     t0 = time.time()
-    meta = {"command": "python scripts/bench_read_floor.py", "device": torch.cuda.get_device_name(),
+    meta = {"command": "python -m bench.decode.bench_read_floor", "device": torch.cuda.get_device_name(),
             "torch": torch.__version__, "triton": triton.__version__, "block_elems": BLOCK}  # fmt: skip
     recs: list[dict] = []
     out1 = torch.empty(1, device=DEV)

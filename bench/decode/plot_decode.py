@@ -1,7 +1,7 @@
-"""Decode time per token against sparsity from a `scripts/bench_decode.py` record: one line per (step, B),
+"""Decode time per token against sparsity from a `bench/decode/bench_decode.py` record: one line per (step, B),
 fused and unfused, the same run's dense TPOT as a dashed line of the same colour.
 
-  python scripts/plot_decode.py bench/results/decode-h200.json --out docs/plots/decode-h200.png
+  python -m bench.decode.plot_decode bench/results/decode-h200.json --out docs/plots/decode-h200.png
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def series(records: list[dict]) -> tuple[dict[tuple, list[tuple[float, float]]],
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("record", type=Path, help="decode-h200.json (scripts/bench_decode.py)")
+    ap.add_argument("record", type=Path, help="decode-h200.json (bench/decode/bench_decode.py)")
     ap.add_argument("--out", type=Path, required=True, help="the .png to write")
     a = ap.parse_args(argv)
     data = json.loads(a.record.read_text())

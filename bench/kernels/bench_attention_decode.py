@@ -1,6 +1,6 @@
 """Routed decode attention vs SDPA, the decode rows of `wide bench kernels` alone (one H200, ~1 minute).
 
-    python scripts/bench_attention_decode.py --out $OUT     # -> $OUT/attn-decode-CARD.json and .md
+    python -m bench.kernels.bench_attention_decode --out $OUT     # -> $OUT/attn-decode-CARD.json and .md
 
 Llama-3.1-8B attention shapes (Hq 32, Hk 8, d 128), bf16, B 1 / 16 / 64 at 4,096 and 32,768 cached tokens,
 sparsity 0 / 25 / 50 / 70%: each level cycles many i.i.d. [B, Hk] mask draws (``mask_draws``), so that the
@@ -36,7 +36,7 @@ def main() -> None:
             torch.cuda.empty_cache()
             print(json.dumps(rows[-1]), flush=True)
     meta = {
-        "command": f"python scripts/bench_attention_decode.py --sparsities {args.sparsities}",
+        "command": f"python -m bench.kernels.bench_attention_decode --sparsities {args.sparsities}",
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "wall_s": time.time() - t0,

@@ -1,7 +1,7 @@
 """GPU check for the routed GEMM kernels: bf16 tests at real sizes, then the kernel benchmark.
 
 One process, so autotuning done by the tests is reused by the benchmark.
-Usage: PYTHONPATH=src python3 scripts/gpu_kernels_check.py OUT_DIR [--full] [--no-tests] [--check]
+Usage: PYTHONPATH=src python3 -m bench.kernels.gpu_kernels_check OUT_DIR [--full] [--no-tests] [--check]
 (--check: after the benchmark, bf16 error of the auto paths at Llama-8B shapes vs plain PyTorch's)
 """
 

@@ -1,7 +1,7 @@
 """Where the sorted GEMM-MN starts to beat cuBLAS: both paths forced, timed together with the dense
 baseline as the kernel bench times them (``wide.bench.gemm_bench.bench_op``), over low sparsities, for
 the group sizes ``wide.kernels.mn_dense_below`` has a threshold for (Q G 512, gate/up G 128 / 64 / 32).
-Usage (GPU): python3 scripts/mn_dense_threshold.py OUT_DIR  -> OUT_DIR/mn-dense-threshold-h200.json"""
+Usage (GPU): python3 -m bench.kernels.mn_dense_threshold OUT_DIR  -> OUT_DIR/mn-dense-threshold-h200.json"""
 
 from __future__ import annotations
 

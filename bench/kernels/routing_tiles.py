@@ -4,7 +4,7 @@ fraction and against i.i.d. masks at the same per-group rates (``wide.eval.tile_
 
 Routes the first ``--tokens`` tokens of WikiText-2 test (one sequence, argmax decisions) through
 SmolLM2-135M with each shipped router checkpoint, on the CPU.
-Usage: WIDE_DATA=../shared/data python scripts/routing_tiles.py [--tokens 4096] [--rows 128]
+Usage: WIDE_DATA=../shared/data python -m bench.kernels.routing_tiles [--tokens 4096] [--rows 128]
 Writes bench/results/smollm2/routing-tiles.{json,md,png}.
 """
 
@@ -22,7 +22,7 @@ from wide.eval.tile_occupancy import occupancy_report
 from wide.model import SMOLLM2, load_model, load_routers
 from wide.paths import resolve_routers
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "bench" / "results" / "smollm2"
 CHECKPOINTS = ("smollm2-135m-s25", "smollm2-135m-s50")
 COLS = ("active", "natural", "ordered", "iid_natural", "iid_ordered")
@@ -86,7 +86,7 @@ def main() -> None:
         wm.detach()
     meta = {"tokens": int(ids.shape[1]), "rows_per_tile": a.rows, "text": "WikiText-2 test, from its start",
             "decisions": "argmax", "wall_s": round(time.time() - t0, 1),
-            "command": f"python scripts/routing_tiles.py --tokens {a.tokens} --rows {a.rows}"}  # fmt: skip
+            "command": f"python -m bench.kernels.routing_tiles --tokens {a.tokens} --rows {a.rows}"}  # fmt: skip
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "routing-tiles.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     lines = [

@@ -3,7 +3,7 @@
 Reads bench/results/kernels-h200.{json,meta.json}, attn-decode-h200.json (decode attention, when present) and
 bench/results/e2e-h200.json; writes
 bench/results/kernels-h200.summary.md (quoted in the README) and prints it.
-Usage: python scripts/summarize_kernels.py
+Usage: python -m bench.kernels.summarize_kernels
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from wide.kernels import plan
 
-RES = Path(__file__).resolve().parents[1] / "bench" / "results"
+RES = Path(__file__).resolve().parents[2] / "bench" / "results"
 MS = (1, 16, 64, 256, 1024, 4096, 16384)
 OPS = (
     ("gemm_mn", "q", 512),
@@ -237,7 +237,7 @@ def main() -> None:
         "Commands (H200 calls): kernels at commit 55338bb, "
         "`VARIANTS_S=0 BENCH_S=500 TEST_S=0 E2E_S=0 PROFILE_S=0 bash scripts/device/kernels.sh "
         f"$OUT` (step `{meta['command']}`); the dense/sorted GEMM-MN thresholds: `python3 "
-        "scripts/mn_dense_threshold.py $OUT` at a53b7c9 (`mn-dense-threshold-h200.json`); e2e at b69a101 "
+        "bench/kernels/mn_dense_threshold.py $OUT` at a53b7c9 (`mn-dense-threshold-h200.json`); e2e at b69a101 "
         "`VARIANTS_S=0 BENCH_S=0 TEST_S=0 E2E_S=480 PROFILE_S=0 E2E_ARGS=--compile bash "
         "scripts/device/kernels.sh $OUT` (step `wide bench e2e --compile`; earlier runs: docs/results.md); "
         "the whole GPU suite (routed GEMMs, routers, PDL, reorder and row order, attention, fused decode, "
@@ -248,7 +248,7 @@ def main() -> None:
         "(`router-h200.json`); PDL: `python3 scripts/decode_variants.py $OUT/bench pdl` "
         "(`experiments/pdl-h200.json`); ordered GEMM-K variants: `python3 scripts/decode_variants.py $OUT/bench "
         "ordered` at ca06e40 (`experiments/ordered-gemm-k-h200.json`) (that script was removed afterwards: "
-        "`git show ca06e40:scripts/decode_variants.py`). Tables: `python scripts/summarize_kernels.py`.",
+        "`git show ca06e40:scripts/decode_variants.py`). Tables: `python -m bench.kernels.summarize_kernels`.",
     ]
     (RES / "kernels-h200.summary.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))

@@ -1,6 +1,6 @@
 """Per-kernel sweep of the fused decode layer's GEMV kernels against cuBLAS (one H200, a few minutes).
 
-    python scripts/tune_fused_decode.py --out $OUT        # -> $OUT/fused-tune-CARD.json and .md
+    python -m bench.kernels.tune_fused_decode --out $OUT        # -> $OUT/fused-tune-CARD.json and .md
 
 Llama-3.1-8B layer shapes (D 4,096, Hq 32, Hk 8, d 128, D' 14,336, FFN groups of 128 or ``--ffn-group-size``), bf16,
 random weights. For each kernel (QKV + RoPE + cache write, decode attention over CTX cached keys, O + residual + norm,
@@ -309,8 +309,8 @@ def main() -> None:
         globals().update(G=args.ffn_group_size)
     t0 = time.time()
     rows: list[dict] = []
-    meta = {"command": "python scripts/tune_fused_decode.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in
-                                                                          vars(args).items() if k != "out"),
+    flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out")
+    meta = {"command": "python -m bench.kernels.tune_fused_decode " + flags,
             "device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu", "torch": torch.__version__}  # fmt: skip
 
     def write() -> None:

@@ -3,7 +3,7 @@
 profile_e2e.py showed the WIDE prefill at B 1 bound by the host (issue time above the summed kernel
 time); this lists the Python functions that issue time is spent in. Llama-3.1-8B layer shapes with
 LAYERS layers (default 4: the cost is per layer), random weights, routers at RATE.
-Output: OUT/host_profile.txt. Usage: PYTHONPATH=src python3 scripts/host_profile.py OUT [RATE] [LAYERS]
+Output: OUT/host_profile.txt. Usage: PYTHONPATH=src python3 -m bench.profile.host_profile OUT [RATE] [LAYERS]
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pstats
 import sys
 import time
 
-from profile_e2e import COMPILE, CUDA, SHAPE, runtime_calls, sync  # scripts/ is on sys.path when run
+from bench.profile.profile_e2e import COMPILE, CUDA, SHAPE, runtime_calls, sync
 
 
 def main() -> None:

@@ -6,8 +6,8 @@ then a timed run (tokens/s from its training log, steps after the first), then o
 torch.profiler whose CUDA kernels are summed per name. Writes OUT/profile-calibrate.txt (the tables) and
 OUT/profile-calibrate.json (tokens/s and the top kernels per objective) after every objective.
 
-Usage (repo root, one GPU):  PYTHONPATH=src python3 scripts/profile_calibrate.py --out "$OUT"
-CPU smoke test:              PYTHONPATH=src python3 scripts/profile_calibrate.py --tiny --out /tmp/p
+Usage (repo root, one GPU):  PYTHONPATH=src python3 -m bench.profile.profile_calibrate --out "$OUT"
+CPU smoke test:              PYTHONPATH=src python3 -m bench.profile.profile_calibrate --tiny --out /tmp/p
 """
 
 from __future__ import annotations

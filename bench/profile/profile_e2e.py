@@ -4,7 +4,7 @@ Llama-3.1-8B shapes, random weights, routers fitted to skip RATE (default 0.5); 
 `WideRuntime`. Writes the top CUDA kernels by total time, the kernel count per call, and per call the
 summed kernel time, the host time to issue the call and its wall time (issue + finish): a wall time
 near the host time and well above the kernel time means the call is bound by the host, not the GPU.
-Output: OUT/profile_e2e.txt. Usage: PYTHONPATH=src python3 scripts/profile_e2e.py OUT [PROMPT] [RATE]
+Output: OUT/profile_e2e.txt. Usage: PYTHONPATH=src python3 -m bench.profile.profile_e2e OUT [PROMPT] [RATE]
 Env: WIDE_COMPILE=1 profiles the torch.compile'd layer step; WIDE_FUSED=1 decodes through the fused decode
 layer (`WideRuntime(fused_decode=True)`, eager: the summed kernel time is the figure to read); PROFILE_CALLS
 (default "prefill,decode") picks the calls.

@@ -10,8 +10,8 @@ Every record is written to OUT/train-h200.json as soon as it exists (fields: wor
 activation_checkpointing, batch, seq_len, tokens_per_s, peak_gb, ...), so a timeout keeps what ran.
 An OOM (or any error) is caught per size and recorded.
 
-Usage (repo root, one H200):  PYTHONPATH=src python3 scripts/train_h200.py --out "$OUT"
-CPU smoke test of the same code:  PYTHONPATH=src python3 scripts/train_h200.py --tiny --out /tmp/t
+Usage (repo root, one H200):  PYTHONPATH=src python3 -m bench.profile.train_h200 --out "$OUT"
+CPU smoke test of the same code:  PYTHONPATH=src python3 -m bench.profile.train_h200 --tiny --out /tmp/t
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         "dtype": str(dtype).replace("torch.", ""),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
-        "command": "python3 scripts/train_h200.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python3 -m bench.profile.train_h200 " + " ".join(argv if argv is not None else sys.argv[1:]),
         "build_s": time.perf_counter() - t_start,
         "records": [],
     }

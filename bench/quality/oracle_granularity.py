@@ -20,10 +20,10 @@ activations it skips, which no router can; it is greedy per layer, not a bound o
 decision: all query heads of a group) or per query head, on each decision's contribution through O;
 TEAL-style zeroes the entries of the q / k / v and o inputs (it skips no attention-score work).
 
-    python scripts/oracle_granularity.py --out bench/results/smollm2/granularity-cpu.json
-    python scripts/oracle_granularity.py --kind attn --out bench/results/smollm2/granularity-attn-cpu.json
-    python scripts/oracle_granularity.py --learned-only --routers DIR --out F   # a checkpoint's FFN alone
-    python scripts/oracle_granularity.py --plot bench/results/smollm2/granularity-cpu.json \
+    python -m bench.quality.oracle_granularity --out bench/results/smollm2/granularity-cpu.json
+    python -m bench.quality.oracle_granularity --kind attn --out bench/results/smollm2/granularity-attn-cpu.json
+    python -m bench.quality.oracle_granularity --learned-only --routers DIR --out F   # a checkpoint's FFN alone
+    python -m bench.quality.oracle_granularity --plot bench/results/smollm2/granularity-cpu.json \
         --out docs/plots/granularity-cpu.png
 """
 
@@ -177,7 +177,7 @@ def run(args: argparse.Namespace) -> dict:
         return res["word_perplexity"]
 
     t0 = time.time()
-    command = "python scripts/oracle_granularity.py " + " ".join(
+    command = "python -m bench.quality.oracle_granularity " + " ".join(
         f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
         for k, v in vars(args).items()
         if v is not None and v is not False

@@ -1,8 +1,8 @@
 """Pack what lets a fresh GPU machine go on with a quality sweep into parts that come back from one call.
 
-  python scripts/device/pack_work.py WORK DEST [PARTS] [--rows NAME,NAME...]
+  python -m bench.quality.pack_work WORK DEST [PARTS] [--rows NAME,NAME...]
 
-WORK is `scripts/quality_runs.py --work` (one directory per row, its records in WORK/quality.json); DEST gets
+WORK is `bench/quality/quality_runs.py --work` (one directory per row, its records in WORK/quality.json); DEST gets
 work.tar.00, work.tar.01, ...: 15 MiB parts of one tar (a file back from $OUT is at most 16 MiB, and at most
 PARTS of them fit beside the call's other files). Per row it holds the small files of each stage directory
 (routers, configs, `latest`, the training log) and, for a stage that has not finished, the checkpoint its

@@ -1,4 +1,4 @@
-"""WIDE's quality against its training budget, from a quality sweep's records (scripts/quality_runs.py):
+"""WIDE's quality against its training budget, from a quality sweep's records (bench/quality/quality_runs.py):
 WikiText-2 word perplexity as a multiple of the dense model's, against the tokens each row trained on
 (stage 1, warm starts and LoRA all counted), one panel per target that has rows at more than one budget.
 Calibration-only rows are circles, + LoRA rows squares, distilled rows (`--distill`) filled; each row is
@@ -7,7 +7,7 @@ WIDE series enter (groups target, no extra calibrate flags), one per FFN group s
 (default 128; other sizes drawn as triangles / diamonds), so what moves is the budget, the objective and the
 group size. Dashed lines: the goals of the quality issue, when given (--goal).
 
-  python scripts/plot_budget.py bench/results/smollm2/quality-h200.json --out docs/plots/budget-h200.png \
+  python -m bench.quality.plot_budget bench/results/smollm2/quality-h200.json --out docs/plots/budget-h200.png \
       --goal 0.25:1.25 --goal 0.5:3.0 --goal 0.5:2.2:LoRA --group-sizes 128,32
 """
 
@@ -142,7 +142,7 @@ def plot(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("records", type=Path, help="a quality sweep's JSON (scripts/quality_runs.py --out)")
+    p.add_argument("records", type=Path, help="a quality sweep's JSON (bench/quality/quality_runs.py --out)")
     p.add_argument("--out", type=Path, required=True, help="the PNG to write")
     p.add_argument("--goal", type=parse_goal, action="append", default=[], help="TARGET:RATIO[:LABEL], repeatable")
     p.add_argument("--group-sizes", default="128", help="FFN group sizes, comma list: one series each (first: circles)")

@@ -1,10 +1,10 @@
-"""Figure-6-style plot of a quality sweep (scripts/quality_runs.py records): WikiText-2 word perplexity
+"""Figure-6-style plot of a quality sweep (bench/quality/quality_runs.py records): WikiText-2 word perplexity
 and average zero-shot accuracy against the fraction of FLOPs removed, one line per method (and variant:
 distillation, FLOP-weighted target, LoRA, group size, a calibration budget other than the series' usual
 one), the dense model as a reference line. Every run is a filled marker; the line goes through one hollow
 marker per target, the mean of the runs there (geometric for perplexity).
 
-  python scripts/plot_sweep.py bench/results/smollm2/quality.json --out bench/results/smollm2/sweep.png
+  python -m bench.quality.plot_sweep bench/results/smollm2/quality.json --out bench/results/smollm2/sweep.png
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def _pairs(x: list, y: list) -> tuple[list, list]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("records", type=Path, help="JSON written by scripts/quality_runs.py")
+    p.add_argument("records", type=Path, help="JSON written by bench/quality/quality_runs.py")
     p.add_argument("--out", type=Path, help="PNG path (default: next to the records, .png)")
     p.add_argument("--title")
     a = p.parse_args(argv)

@@ -3,12 +3,12 @@ LoRA), then evaluate (WikiText-2 + zero-shot through `wide.eval.run_eval`), and 
 run to --out. Resumable: finished records (same name) are skipped, finished checkpoints are reused and an
 interrupted trained calibration continues from its latest checkpoint (`--resume`).
 
-  python scripts/quality_runs.py --out bench/results/smollm2/quality.json --work runs/quality \
+  python -m bench.quality.quality_runs --out bench/results/smollm2/quality.json --work runs/quality \
       --methods dense,wide,module-skip,layer-skip,static-width,teal --targets 0.25,0.5 --steps 2000
-  python scripts/quality_runs.py --spec runs.json --out ...     # a JSON list of run objects (RunSpec fields)
-  python scripts/quality_runs.py --spec a.json b.json --out ... # both lists' rows, in that order, one records file
-  python scripts/quality_runs.py --tiny --out /tmp/q.json --work /tmp/q   # CPU smoke test, tiny random model
-  python scripts/quality_runs.py --spec runs.json --out ... --jobs 8 --budget-s 480 --grace-s 60   # one GPU
+  python -m bench.quality.quality_runs --spec runs.json --out ...     # a JSON list of run objects (RunSpec fields)
+  python -m bench.quality.quality_runs --spec a.json b.json --out ...  # both lists' rows, in that order, one file
+  python -m bench.quality.quality_runs --tiny --out /tmp/q.json --work /tmp/q   # CPU smoke test, tiny random model
+  python -m bench.quality.quality_runs --spec runs.json --out ... --jobs 8 --budget-s 480 --grace-s 60   # one GPU
 
 A record names: method, name, target, sparsity_kind, distill, steps, lora_steps, tokens (calibration +
 LoRA), gpu_minutes (wall time of calibration + LoRA on this machine), eval_minutes, concurrent_jobs (the

@@ -1,11 +1,11 @@
-"""Markdown tables of a quality sweep (scripts/quality_runs.py records): one table per sparsity level (a
+"""Markdown tables of a quality sweep (bench/quality/quality_runs.py records): one table per sparsity level (a
 row's own target, or for a row at another row's FLOPs, that row's target), dense on top, then each row's
 FLOPs removed, real sparsity, WikiText-2 word perplexity (and its ratio to dense), the seven zero-shot
 scores and their average (and its retention of dense's); below, the issue's comparisons computed from
 the same records. Rows that did not finish are listed with their status.
 
-  python scripts/quality_table.py bench/results/smollm2/quality-h200.json            # to stdout
-  python scripts/quality_table.py bench/results/smollm2/quality-h200.json --out x.md
+  python -m bench.quality.quality_table bench/results/smollm2/quality-h200.json            # to stdout
+  python -m bench.quality.quality_table bench/results/smollm2/quality-h200.json --out x.md
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Reads committed files only: src/wide/checkpoints/smollm2-135m-s*/wide_config.jso
 bench/results/smollm2/wide_ppl.json (H200, bf16, full WikiText-2, the shipped routers as trained:
 thresholds fitted per kind at the end of training). The first session's 600-step results are in git
 only (docs/results.md, "Superseded runs").
-Usage: python scripts/summarize_smollm2.py
+Usage: python -m bench.quality.summarize_smollm2
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from wide.paths import resolve_routers
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RES = ROOT / "bench" / "results" / "smollm2"
 H200_COMMAND = (
     "three device calls in a row on one warm H200: (1) carry .device-carry/smol.part.aa (any command; "
@@ -88,7 +88,7 @@ def main() -> None:
         "rate the sparsity loss trains toward.",
         f"At 50% the token perplexity is {s50['token_ppl_ratio']:.2f}× dense, against {FLOOR_50}× for the "
         "minimal implementation of DESIGN.md §2.",
-        f"Command: {H200_COMMAND}; then `python scripts/summarize_smollm2.py`.",
+        f"Command: {H200_COMMAND}; then `python -m bench.quality.summarize_smollm2`.",
     ]
     (RES / "summary.json").write_text(json.dumps(out, indent=1) + "\n")
     (RES / "summary.md").write_text("\n".join(md) + "\n")

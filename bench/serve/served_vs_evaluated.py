@@ -1,7 +1,7 @@
 """Served = evaluated: the shipped routers' quality through the runtime (the served path) and the masked
 Hugging Face path (the reference), and their greedy generations, on one GPU.
 
-    python scripts/served_vs_evaluated.py OUT --routers DIR [DIR ...] [--tasks all] [--batch-size 64]
+    python -m bench.serve.served_vs_evaluated OUT --routers DIR [DIR ...] [--tasks all] [--batch-size 64]
 
 Writes OUT/served-vs-evaluated.{json,md}: per router (and dense), WikiText-2 word perplexity through both
 paths and their relative difference, the real sparsity each path measured, the zero-shot tasks through

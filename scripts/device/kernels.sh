@@ -6,7 +6,7 @@
 # others' results with it.
 # Usage (repo root): BENCH_S=150 TEST_S=180 E2E_S=60 PROFILE_S=90 bash scripts/device/kernels.sh OUT
 #   E2E_ARGS (default --quick) go to `wide bench e2e`, e.g. "--compile"; WIDE_COMPILE=1 profiles the compiled step;
-#   PROFILE_ARGS ("PROMPT RATE", default "4096 0.5") go to scripts/profile_e2e.py.
+#   PROFILE_ARGS ("PROMPT RATE", default "4096 0.5") go to bench/profile/profile_e2e.py.
 #   BENCH_FULL=0 runs the quick sweep. (VARIANTS_S, the decode-config sweep of older records, is gone
 #   with scripts/decode_variants.py: docs/results.md.) The tests run every (non-slow) test of the kernel
 #   and runtime files on the GPU with WIDE_AUTOTUNE_MAX=1 (one config per kernel: compile time
@@ -19,8 +19,8 @@ FULL=--full; [ "${BENCH_FULL:-1}" = 0 ] && FULL=""
 start=$(date +%s)
 since() { echo "$(( $(date +%s) - start )) s"; }
 if [ "$BENCH_S" -gt 0 ]; then
-  WIDE_BENCH_COMMAND="python3 scripts/gpu_kernels_check.py \$OUT/bench --no-tests $FULL --check  (step of scripts/device/kernels.sh)" \
-    timeout "$BENCH_S" python3 scripts/gpu_kernels_check.py "$OUT/bench" --no-tests $FULL --check > "$OUT/bench.log" 2>&1
+  WIDE_BENCH_COMMAND="python3 -m bench.kernels.gpu_kernels_check \$OUT/bench --no-tests $FULL --check  (step of scripts/device/kernels.sh)" \
+    timeout "$BENCH_S" python3 -m bench.kernels.gpu_kernels_check "$OUT/bench" --no-tests $FULL --check > "$OUT/bench.log" 2>&1
   echo "bench rc=$? $(since)"; grep "^\[bench\]\|^\[check\]" "$OUT/bench.log" | tail -4
 fi
 if [ "$TEST_S" -gt 0 ]; then
@@ -36,6 +36,6 @@ if [ "$E2E_S" -gt 0 ]; then
   echo "e2e rc=$? $(since)"; grep "^{" "$OUT/e2e.log" | cut -c1-330
 fi
 if [ "$PROFILE_S" -gt 0 ]; then
-  timeout "$PROFILE_S" python3 scripts/profile_e2e.py "$OUT" ${PROFILE_ARGS:-} > "$OUT/profile.log" 2>&1
+  timeout "$PROFILE_S" python3 -m bench.profile.profile_e2e "$OUT" ${PROFILE_ARGS:-} > "$OUT/profile.log" 2>&1
   echo "profile rc=$? $(since)"; grep "^===" "$OUT/profile.log"
 fi

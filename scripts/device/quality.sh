@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call of the SmolLM2-135M quality sweep (scripts/quality_runs.py): the rows of SPEC (default
+# One device call of the SmolLM2-135M quality sweep (bench/quality/quality_runs.py): the rows of SPEC (default
 # quality-first.json: dense; WIDE, module skipping, layer skipping trained 300 steps at 25% and 50%;
 # static width (plain and with FLAP's bias compensation) and TEAL at the FLOPs the WIDE row of their
 # target removed; then the levers: LoRA recovery from the WIDE and module-skipping routers, distillation,
@@ -104,7 +104,7 @@ L=${EVAL_LIMIT-500}
 c=""
 [ "${COMPILE:-0}" = 1 ] && c=--compile
 # shellcheck disable=SC2086  # SPEC: one or more files; $c, QUALITY_EXTRA: zero or more args
-python3 scripts/quality_runs.py --spec ${SPEC:-scripts/device/quality-first.json} --out "$OUT/quality.json" \
+python3 -m bench.quality.quality_runs --spec ${SPEC:-scripts/device/quality-first.json} --out "$OUT/quality.json" \
   --work "$WORK" --jobs "${JOBS:-3}" --budget-s "${BUDGET_S:-480}" --grace-s "${GRACE_S:-60}" \
   --batch-size "${BATCH:-8}" --seq-len "${SEQ:-2048}" --save-every "${SAVE_EVERY:-100}" \
   ${L:+--eval-limit "$L"} --eval-batch-size "${EVAL_BATCH:-16}" $c ${QUALITY_EXTRA:-} 2>&1 |
@@ -116,8 +116,8 @@ rc=${PIPESTATUS[0]}
 [ -f "$OUT/quality.json" ] && cp "$OUT/quality.json" "$WORK/quality.json"
 bash scripts/device/row_tails.sh "$WORK" >"$OUT/quality-tails.txt"
 
-# $OUT/quality-work/work.tar.NN: what lets a fresh machine go on, whole rows only (scripts/device/pack_work.py)
+# $OUT/quality-work/work.tar.NN: what lets a fresh machine go on, whole rows only (bench/quality/pack_work.py)
 P=3; [ "${TEST_S:-0}" = 0 ] || P=2
-python3 scripts/device/pack_work.py "$WORK" "$OUT/quality-work" "${PACK_PARTS:-$P}"
+python3 -m bench.quality.pack_work "$WORK" "$OUT/quality-work" "${PACK_PARTS:-$P}"
 ls -la "$OUT" "$OUT/quality-work"
 exit "$rc"

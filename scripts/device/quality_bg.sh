@@ -56,7 +56,7 @@ case "${1:-}" in
     end=$(($(date +%s) + ${3:-0}))
     while running && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
     if running; then echo "still running (pid $(cat "$BG/pid")): fetch again later" >&2; exit 1; fi
-    python3 scripts/device/pack_work.py "${WORK:-$HOME/quality}" "$OUT/quality-work" "${PACK_PARTS:-4}" --rows "$2"
+    python3 -m bench.quality.pack_work "${WORK:-$HOME/quality}" "$OUT/quality-work" "${PACK_PARTS:-4}" --rows "$2"
     ls -la "$OUT/quality-work"
     ;;
   *)

@@ -1,4 +1,4 @@
-"""scripts/oracle_granularity.py: the magnitude oracle and TEAL-style FFN forwards skip what they say."""
+"""bench/quality/oracle_granularity.py: the magnitude oracle and TEAL-style FFN forwards skip what they say."""
 
 from __future__ import annotations
 
@@ -7,12 +7,10 @@ from pathlib import Path
 
 import torch
 
-from tests.conftest import load_script, tiny_model
+from bench.quality import oracle_granularity as og
+from tests.conftest import tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-og = load_script("oracle_granularity")
 
 
 def _mlp():

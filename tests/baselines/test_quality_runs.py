@@ -1,6 +1,6 @@
-"""scripts/quality_runs.py (run names, grid, records, resume, the --tiny smoke run, concurrent rows
-with --jobs, the time budget, the device spec list), scripts/plot_sweep.py (series and the figure),
-scripts/plot_budget.py, scripts/quality_table.py and scripts/device/pack_work.py (what a device call
+"""bench/quality/quality_runs.py (run names, grid, records, resume, the --tiny smoke run, concurrent rows
+with --jobs, the time budget, the device spec list), bench/quality/plot_sweep.py (series and the figure),
+bench/quality/plot_budget.py, bench/quality/quality_table.py and bench/quality/pack_work.py (what a device call
 carries back)."""
 
 from __future__ import annotations
@@ -14,16 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import load_script
+from bench.quality import pack_work as pw
+from bench.quality import plot_budget as pb
+from bench.quality import plot_sweep as ps
+from bench.quality import quality_runs as qr
+from bench.quality import quality_table as qt
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-qr = load_script("quality_runs")
-ps = load_script("plot_sweep")
-pb = load_script("plot_budget")
-qt = load_script("quality_table")
-pw = load_script("device/pack_work")
 
 
 def test_run_names_and_grid():

@@ -50,7 +50,7 @@ def test_bench_op_records_every_regime_and_variant(monkeypatch):
     assert {r["M"] for r in auto} == {1, 20, 300} and all(r["speedup"] == 1.0 for r in auto)
     # decode and mid-size routes skip the reorder; large M builds it
     assert {r["route_build"] for r in auto if r["M"] <= 256} == {"plan_route"}
-    forced = gb.bench_op(  # scripts/mn_dense_threshold.py: both paths forced at every point
+    forced = gb.bench_op(  # bench/kernels/mn_dense_threshold.py: both paths forced at every point
         "q",
         "gemm_mn",
         64,

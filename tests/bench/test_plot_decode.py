@@ -1,18 +1,18 @@
-"""scripts/plot_decode.py on the committed decode record: the series it draws and the figure file."""
+"""bench/decode/plot_decode.py on the committed decode record: the series it draws and the figure file."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from tests.conftest import load_script
+from bench.decode import plot_decode
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORD = ROOT / "bench" / "results" / "decode-h200.json"
 
 
 def _plot_decode():
-    return load_script("plot_decode")
+    return plot_decode
 
 
 def test_series_pair_each_wide_line_with_its_dense_run(tmp_path):

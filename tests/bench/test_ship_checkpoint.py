@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
-import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.conftest import load_script
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "ship_checkpoint.py"
+
+
+def _ship(stage: Path, dest: Path) -> subprocess.CompletedProcess:
+    """The packaging tool as a user runs it (scripts/ holds tools, not modules tests import)."""
+    cmd = [sys.executable, str(SCRIPT), str(stage), str(dest), "--base-model", "smollm2-135m"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
 def test_ship_lora_stage(tmp_path):
@@ -21,8 +29,9 @@ def test_ship_lora_stage(tmp_path):
     (stage / "wide_config.json").write_text('{"format": "wide-routers"}')
     (stage / "adapter_config.json").write_text(json.dumps({"r": 4, "base_model_name_or_path": "/root/.cache/x"}))
     dest = tmp_path / "ship"
-    written = load_script("ship_checkpoint").ship(stage, dest, "smollm2-135m")
-    assert {f.name for f in written} == {
+    out = _ship(stage, dest)
+    assert out.returncode == 0, out.stderr
+    assert {f.name for f in dest.iterdir()} == {
         "routers.safetensors",
         "wide_config.json",
         "adapter_model.safetensors",
@@ -37,5 +46,5 @@ def test_ship_lora_stage(tmp_path):
 
 def test_ship_refuses_unfinished_stage(tmp_path):
     (tmp_path / "routers.safetensors").write_bytes(b"")
-    with pytest.raises(SystemExit, match="missing wide_config.json"):
-        load_script("ship_checkpoint").ship(tmp_path, tmp_path / "out", "smollm2-135m")
+    out = _ship(tmp_path, tmp_path / "out")
+    assert out.returncode == 1 and "missing wide_config.json" in out.stderr

@@ -1,4 +1,4 @@
-"""scripts/summarize_decode.py: the fused decode issue's targets checked against decode records."""
+"""bench/decode/summarize_decode.py: the fused decode issue's targets checked against decode records."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import load_script
+from bench.decode import summarize_decode
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDS = [ROOT / "bench" / "results" / f"decode-{card}.json" for card in ("h200", "h100")]
@@ -37,7 +37,7 @@ def _lines(sd, path: Path) -> dict[str, str]:
 
 
 def test_met_and_missed_follow_the_numbers(tmp_path):
-    sd = load_script("summarize_decode")
+    sd = summarize_decode
     rows = [_row("dense", 1, 3.9), _row("dense", 1, 4.2, fused=False, dense_fused_ms=3.9)]
     rows += [_row("wide", 1, 2.3, 0.5, dense_fused_ms=3.9, measured_attn_union_run=0.5, measured_ffn_union_run=0.5)]
     rows += [_row("wide", 1, 2.0, 0.7, dense_fused_ms=3.9), _row("wide", 1, 4.1, 0.0, dense_fused_ms=3.9)]
@@ -58,7 +58,7 @@ def test_met_and_missed_follow_the_numbers(tmp_path):
 
 
 def test_committed_records_and_bad_input(tmp_path, capsys):
-    sd = load_script("summarize_decode")
+    sd = summarize_decode
     out = tmp_path / "t.md"
     assert sd.main([*map(str, RECORDS), "--out", str(out)]) == 0
     text = out.read_text()

@@ -1,4 +1,4 @@
-"""scripts/tune_fused_decode.py --smoke: every case checks its kernel against the fp32 reference through the
+"""bench/kernels/tune_fused_decode.py --smoke: every case checks its kernel against the fp32 reference through the
 interpreter on a CPU; with --once a configuration is checked and not timed (the run a profiler wraps)."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ triton = pytest.importorskip("triton")
 
 
 def _run(tmp_path: Path, *args: str) -> list[dict]:
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT / "src"))
-    cmd = [sys.executable, str(ROOT / "scripts" / "tune_fused_decode.py"), "--smoke", "--batches", "2", "--out",
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
+    cmd = [sys.executable, "-m", "bench.kernels.tune_fused_decode", "--smoke", "--batches", "2", "--out",
            str(tmp_path), *args]  # fmt: skip
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -62,8 +62,8 @@ def test_skip_sets_the_routed_draw(tmp_path, skip):
         assert by[k, True] == (by[k, False] if skip == "0" else 0)
     kv = 2 * 2 * 32 * 128 * 2  # K and V of the smoke shapes (HK 2, head_dim 32, D 128), bf16 bytes
     assert by["qkv", True] == (by["qkv", False] if skip == "0" else kv)
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT / "src"))
-    bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "tune_fused_decode.py"), "--smoke", "--skip", "1.5"],
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
+    bad = subprocess.run([sys.executable, "-m", "bench.kernels.tune_fused_decode", "--smoke", "--skip", "1.5"],
                          env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert bad.returncode == 2 and "--skip must be in [0, 1]" in bad.stderr
 
@@ -73,8 +73,8 @@ def test_ffn_group_size_sets_the_groups(tmp_path):
     32) pass the check against the reference; a size that does not divide the FFN width is a one-line error."""
     recs = _run(tmp_path, "--once", "--kernels", "ffn,router", "--grid", "[{}]", "--ffn-group-size", "16")
     assert recs and all(r["err_ok"] for r in recs), [r for r in recs if not r.get("err_ok")]
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT / "src"))
-    bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "tune_fused_decode.py"), "--smoke",
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
+    bad = subprocess.run([sys.executable, "-m", "bench.kernels.tune_fused_decode", "--smoke",
                           "--ffn-group-size", "100"], env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert bad.returncode == 2 and "--ffn-group-size must divide the FFN width 256" in bad.stderr
 
@@ -82,20 +82,17 @@ def test_ffn_group_size_sets_the_groups(tmp_path):
 def test_skip_run_decides_adjacent_groups_together():
     """--skip-run N: a token skips or runs each run of N adjacent groups as one (a wider group's pattern at the same
     group size; the last run may be shorter); below 1 it is a one-line error."""
-    import importlib.util
-
     import torch
 
-    spec = importlib.util.spec_from_file_location("tune_fused_decode", ROOT / "scripts" / "tune_fused_decode.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from bench.kernels import tune_fused_decode as mod
+
     mod.SKIP, mod.SKIP_RUN, mod.DEV = 0.5, 4, "cpu"  # as --smoke sets them on a CPU
     m = mod.rand_mask(3, 10, True, torch.Generator().manual_seed(0)).cpu()
     assert m.shape == (3, 10) and m.dtype == torch.bool
     runs = m[:, :8].reshape(3, 2, 4)
     assert (runs == runs[..., :1]).all() and (m[:, 8:] == m[:, 8:9]).all()
     assert m.any() and not m.all()  # seed 0 draws both outcomes
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT / "src"))
-    bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "tune_fused_decode.py"), "--smoke", "--skip-run", "0"],
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
+    bad = subprocess.run([sys.executable, "-m", "bench.kernels.tune_fused_decode", "--smoke", "--skip-run", "0"],
                          env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert bad.returncode == 2 and "--skip-run must be >= 1" in bad.stderr

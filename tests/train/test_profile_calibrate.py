@@ -1,14 +1,14 @@
-"""scripts/profile_calibrate.py: a whole --tiny run on the CPU writes both objectives' records."""
+"""bench/profile/profile_calibrate.py: a whole --tiny run on the CPU writes both objectives' records."""
 
 from __future__ import annotations
 
 import json
 
-from tests.conftest import load_script
+from bench.profile import profile_calibrate
 
 
 def test_tiny_run_records_both_objectives(tmp_path):
-    script = load_script("profile_calibrate")
+    script = profile_calibrate
     assert script.main(["--tiny", "--no-compile", "--steps", "2", "--out", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "profile-calibrate.json").read_text())
     assert [r["distill"] for r in doc["runs"]] == ["none", "kl+lm"]

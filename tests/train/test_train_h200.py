@@ -1,4 +1,4 @@
-"""scripts/train_h200.py: the OOM-guarded size search, and a whole --tiny run on the CPU."""
+"""bench/profile/train_h200.py: the OOM-guarded size search, and a whole --tiny run on the CPU."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.conftest import load_script
+from bench.profile import train_h200
 
 
 @pytest.fixture(scope="module")
 def script():
-    return load_script("train_h200")
+    return train_h200
 
 
 def test_search_stops_a_sequence_length_at_its_first_oom_and_respects_the_budget(script):

@@ -9,7 +9,7 @@ N=""; python3 -c "import xdist" 2>/dev/null && N="-n 8"
 WIDE_AUTOTUNE_MAX=1 timeout "${TEST_S:-150}" python3 -m pytest -q -m "not slow" $N -p no:cacheprovider \
   ${TESTS:-tests/kernels/test_fused_decode.py tests/kernels/test_pdl.py tests/runtime} > "$OUT/gpu-tests.log" 2>&1
 echo "pytest exit $?" >> "$OUT/gpu-tests.log"
-timeout "${TUNE_S:-50}" python3 scripts/tune_fused_decode.py --out "$OUT/attn-small" --kernels attn --batches 1,2,3,4 \
+timeout "${TUNE_S:-50}" python3 -m bench.kernels.tune_fused_decode --out "$OUT/attn-small" --kernels attn --batches 1,2,3,4 \
   --skip 0.5 --grid '[{}, {"attn_splits": 16}]' --budget-s $((${TUNE_S:-50} - 10)) > /tmp/attn.log 2>&1
 { nvidia-smi --query-gpu=name --format=csv,noheader; echo "== attn small: exit $?"; tail -3 /tmp/attn.log; } \
   > "$OUT/logs.txt"

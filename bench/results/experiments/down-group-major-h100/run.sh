@@ -6,7 +6,7 @@ nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
 WIDE_AUTOTUNE_MAX=1 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_fused_decode.py -k ffn \
   > $OUT/ffn-tests.log 2>&1; echo "pytest exit $?" >> $OUT/ffn-tests.log; tail -2 $OUT/ffn-tests.log
 tune() {  # $1 layout  $2 group size  $3 skip  $4 run label
-  timeout 60 python3 scripts/tune_fused_decode.py --out $OUT/$1-g$2-s$3${4:-} --budget-s 45 --kernels ffn --batches 1,16 \
+  timeout 60 python3 -m bench.kernels.tune_fused_decode --out $OUT/$1-g$2-s$3${4:-} --budget-s 45 --kernels ffn --batches 1,16 \
     --ffn-group-size $2 --skip $3 --down-layout $1 --grid '[{}]' > /dev/null 2>&1
 }
 for s in 0.5 0.7; do for l in row group; do tune $l 32 $s; done; done

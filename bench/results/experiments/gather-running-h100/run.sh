@@ -10,7 +10,7 @@ WIDE_AUTOTUNE_MAX=1 timeout 120 python3 -m pytest -q $N -p no:cacheprovider test
 cp src/wide/kernels/fused_decode.py /tmp/new.py
 tune() {  # $1 new|old  $2 skip  $3 grid
   cp /tmp/$1.py src/wide/kernels/fused_decode.py
-  timeout 45 python3 scripts/tune_fused_decode.py --out $OUT/$1-$2 --budget-s 35 --kernels ffn --batches 1,16 \
+  timeout 45 python3 -m bench.kernels.tune_fused_decode --out $OUT/$1-$2 --budget-s 35 --kernels ffn --batches 1,16 \
     --ffn-group-size 32 --skip $2 --grid "$3" > $OUT/tune-$1-$2.log 2>&1
 }
 cp ab/old_fused_decode.py /tmp/old.py
@@ -20,7 +20,7 @@ tune new 0.5 "$GRID"; tune old 0.5 '[{}]'
 for v in old new; do
   [ "$SECONDS" -lt $((TOTAL - 80)) ] || break
   cp /tmp/$v.py src/wide/kernels/fused_decode.py
-  timeout 75 python3 scripts/bench_decode.py --out $OUT/e2e-$v --fused-only --batches 1 --sparsities 0.5 \
+  timeout 75 python3 -m bench.decode.bench_decode --out $OUT/e2e-$v --fused-only --batches 1 --sparsities 0.5 \
     --ffn-group-sizes 32 --no-hf --budget-s 65 > $OUT/e2e-$v.log 2>&1
 done
 echo "elapsed $SECONDS"

@@ -6,7 +6,7 @@
 export PYTHONPATH=$PWD/src
 R=$OUT/beside-kv; mkdir -p "$R"
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$R/gpu.txt"
-timeout "${AB_S:-200}" python3 scripts/bench_decode.py --out "$R/ab" --budget-s $((${AB_S:-200} - 25)) --fused-only \
+timeout "${AB_S:-200}" python3 -m bench.decode.bench_decode --out "$R/ab" --budget-s $((${AB_S:-200} - 25)) --fused-only \
   --no-hf --no-check --sparsities "${SPARS:-0,0.5,0.7}" --batches "${BATCHES:-1,16}" --ffn-router-sources block,layer \
   --kind-rates 0.6:0.41 --fused-tunes "router_overlap=1/router_overlap=2" > "$R/ab.log" 2>&1
 python3 bench/results/experiments/router-overlap/summary.py "$R"/ab | tee "$R/summary.txt"

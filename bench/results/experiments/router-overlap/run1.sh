@@ -5,7 +5,7 @@
 # (TESTS=all: the whole GPU suite, kernels + runtime, as decode.sh's TEST_S step).
 export PYTHONPATH=$PWD/src
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/gpu.txt"
-timeout "${AB_S:-175}" python3 scripts/bench_decode.py --out "$OUT/ab" --budget-s $((${AB_S:-175} - 25)) --fused-only \
+timeout "${AB_S:-175}" python3 -m bench.decode.bench_decode --out "$OUT/ab" --budget-s $((${AB_S:-175} - 25)) --fused-only \
   --no-hf --no-check --sparsities "${SPARS:-0,0.5,0.7}" --batches "${BATCHES:-1,16}" --ffn-router-sources block,layer \
   --fused-tunes "router_overlap=0/router_overlap=1" > "$OUT/ab.log" 2>&1
 python3 bench/results/experiments/router-overlap/summary.py "$OUT"/ab | tee "$OUT/summary.txt"

@@ -6,7 +6,7 @@ export PYTHONPATH=$PWD/src
 nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
 GRID='[{}, {"SERIAL": 1}, {"SERIAL": 1, "num_stages": 4}, {"SERIAL": 1, "num_stages": 6}, {"SERIAL": 1, "BLOCK_D": 256}, {"SERIAL": 1, "num_warps": 8}]'
 for g in 128 32; do
-  timeout 100 python3 scripts/tune_fused_decode.py --out $OUT/g$g --budget-s 85 --kernels router --batches 1,16 \
+  timeout 100 python3 -m bench.kernels.tune_fused_decode --out $OUT/g$g --budget-s 85 --kernels router --batches 1,16 \
     --ffn-group-size $g --grid "$GRID" > $OUT/tune-g$g.log 2>&1
 done
 echo "elapsed $SECONDS"

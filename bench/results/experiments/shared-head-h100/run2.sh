@@ -6,7 +6,7 @@
 export PYTHONPATH=$PWD/src
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/gpu.txt"
 GRID='[{"HEAD_PROGS": 0}, {}, {"HEAD_PROGS": 7, "BLOCK_G": 64}, {"HEAD_PROGS": 4, "BLOCK_G": 128}]'
-timeout 110 python3 scripts/tune_fused_decode.py --out "$OUT/router-g32" --budget-s 90 --kernels router \
+timeout 110 python3 -m bench.kernels.tune_fused_decode --out "$OUT/router-g32" --budget-s 90 --kernels router \
   --batches 1,16 --ffn-group-size 32 --grid "$GRID" > "$OUT/router-g32.log" 2>&1
 python3 - <<'PY' | tee "$OUT/summary.txt"
 import glob, json, os

@@ -7,7 +7,7 @@ nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/gpu3.txt"
 # The whole GPU suite (kernels + runtime), not only the router's file: ff40157's host-side changes ran on the CPU only.
 TEST_S=330 BENCH_S=0 PROF_S=0 bash scripts/device/decode.sh; tail -2 "$OUT/gpu-tests-h200.log"
 GRID='[{"HEAD_PROGS": 0}, {}, {"HEAD_PROGS": 7, "BLOCK_G": 64}, {}, {"HEAD_PROGS": 7, "BLOCK_G": 64}, {"HEAD_PROGS": 0}]'
-timeout 120 python3 scripts/tune_fused_decode.py --out "$OUT/router3-g32" --budget-s 100 --kernels router \
+timeout 120 python3 -m bench.kernels.tune_fused_decode --out "$OUT/router3-g32" --budget-s 100 --kernels router \
   --batches 1,16 --ffn-group-size 32 --grid "$GRID" > "$OUT/router3-g32.log" 2>&1
 python3 - <<'PY' | tee "$OUT/summary3.txt"
 import json, os

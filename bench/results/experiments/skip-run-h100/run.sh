@@ -4,7 +4,7 @@
 export PYTHONPATH=$PWD/src
 nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
 tune() {  # $1 name  $2 group size  $3 skip-run  $4 skip
-  timeout 60 python3 scripts/tune_fused_decode.py --out $OUT/$1 --budget-s 45 --kernels ffn --batches 1,16 \
+  timeout 60 python3 -m bench.kernels.tune_fused_decode --out $OUT/$1 --budget-s 45 --kernels ffn --batches 1,16 \
     --ffn-group-size $2 --skip $4 --skip-run $3 --grid '[{}]' > $OUT/tune-$1.log 2>&1
 }
 tune g128 128 1 0.5; tune g32-run1 32 1 0.5; tune g32-run2 32 2 0.5; tune g32-run4 32 4 0.5

@@ -8,9 +8,9 @@ mkdir -p "$OUT/runs"
 for v in 0,0 1,0 2,0 0,1 1,1 0,0; do
   m=${v%,*}; p=${v#*,}; tag=m$m-p$p
   mkdir -p "$OUT/runs/rf-$tag" "$OUT/runs/ffn-$tag"
-  WIDE_WAIT_MODE=$m WIDE_PID_TICKET=$p timeout 90 python3 scripts/bench_read_floor.py --out "$OUT/runs/rf-$tag" \
+  WIDE_WAIT_MODE=$m WIDE_PID_TICKET=$p timeout 90 python3 -m bench.decode.bench_read_floor --out "$OUT/runs/rf-$tag" \
     > "$OUT/runs/rf-$tag/log" 2>&1
-  WIDE_WAIT_MODE=$m WIDE_PID_TICKET=$p timeout 120 python3 scripts/tune_fused_decode.py --out "$OUT/runs/ffn-$tag" \
+  WIDE_WAIT_MODE=$m WIDE_PID_TICKET=$p timeout 120 python3 -m bench.kernels.tune_fused_decode --out "$OUT/runs/ffn-$tag" \
     --kernels ffn --batches 1,16 --grid '[{}, {"ffn_chunk": 16}]' --budget-s 90 > "$OUT/runs/ffn-$tag/log" 2>&1
   mv "$OUT/runs/rf-$tag" "$OUT/runs/rf-$tag-$(date +%s)"; mv "$OUT/runs/ffn-$tag" "$OUT/runs/ffn-$tag-$(date +%s)"
 done
