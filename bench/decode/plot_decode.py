@@ -1,7 +1,7 @@
 """Decode time per token against sparsity from a `bench/decode/bench_decode.py` record: one line per (step, B),
 fused and unfused, the same run's dense TPOT as a dashed line of the same colour.
 
-  python -m bench.decode.plot_decode bench/results/decode-h200.json --out docs/plots/decode-h200.png
+  python -m bench.decode.plot_decode bench/results/decode/decode-h200.json --out docs/plots/decode-h200.png
 """
 
 from __future__ import annotations

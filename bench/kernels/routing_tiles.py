@@ -5,7 +5,7 @@ fraction and against i.i.d. masks at the same per-group rates (``wide.eval.tile_
 Routes the first ``--tokens`` tokens of WikiText-2 test (one sequence, argmax decisions) through
 SmolLM2-135M with each shipped router checkpoint, on the CPU.
 Usage: WIDE_DATA=../shared/data python -m bench.kernels.routing_tiles [--tokens 4096] [--rows 128]
-Writes bench/results/smollm2/routing-tiles.{json,md,png}.
+Writes bench/results/quality/smollm2/routing-tiles.{json,md,png}.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from wide.model import SMOLLM2, load_model, load_routers
 from wide.paths import resolve_routers
 
 ROOT = Path(__file__).resolve().parents[2]
-OUT = ROOT / "bench" / "results" / "smollm2"
+OUT = ROOT / "bench" / "results" / "quality" / "smollm2"
 CHECKPOINTS = ("smollm2-135m-s25", "smollm2-135m-s50")
 COLS = ("active", "natural", "ordered", "iid_natural", "iid_ordered")
 

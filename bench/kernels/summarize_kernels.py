@@ -1,8 +1,8 @@
 """Headline tables and the issue's targets, from the committed kernel and end-to-end benchmarks.
 
-Reads bench/results/kernels-h200.{json,meta.json}, attn-decode-h200.json (decode attention, when present) and
-bench/results/e2e-h200.json; writes
-bench/results/kernels-h200.summary.md (quoted in the README) and prints it.
+Reads bench/results/kernels/kernels-h200.{json,meta.json}, attn-decode-h200.json (decode attention, when present) and
+bench/results/decode/e2e-h200.json; writes
+bench/results/kernels/kernels-h200.summary.md (quoted in the README) and prints it.
 Usage: python -m bench.kernels.summarize_kernels
 """
 
@@ -13,7 +13,8 @@ from pathlib import Path
 
 from wide.kernels import plan
 
-RES = Path(__file__).resolve().parents[2] / "bench" / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
+RES = RESULTS / "kernels"  # this area's records; the end-to-end ones are the decode area's
 MS = (1, 16, 64, 256, 1024, 4096, 16384)
 OPS = (
     ("gemm_mn", "q", 512),
@@ -56,7 +57,7 @@ def gemm_tables(rows: list[dict]) -> list[str]:
 def decode_bandwidth(rows: list[dict]) -> list[str]:
     """M = 1, 50%: weight bytes per second beyond the harness's fixed cost (a trivial kernel per call,
     measured by the decode sweep, see docs/results.md): dense = N·K·2 bytes; WIDE = the active fraction of them."""
-    floor_ms = json.loads((RES / "decode-variants-h200.json").read_text())["records"][0]["wide_ms"]
+    floor_ms = json.loads((RESULTS / "decode" / "decode-variants-h200.json").read_text())["records"][0]["wide_ms"]
     out = [
         f"Decode (M = 1, 50%) bandwidth: weight bytes / (time − {1e3 * floor_ms:.1f} µs, the cost per call of a "
         "trivial kernel in this harness, `decode-variants-h200.json`)",
@@ -166,7 +167,7 @@ def targets(rows: list[dict]) -> list[str]:
 
 def e2e_table(name: str = "e2e-h200.json", how: str = "torch.compile'd layer step") -> list[str]:
     """TTFT as issued from Python and, where the file has it, replayed from a CUDA graph of the prompt shape."""
-    path = RES / name
+    path = RESULTS / "decode" / name
     if not path.is_file():
         return []
     rows = json.loads(path.read_text())
@@ -237,7 +238,7 @@ def main() -> None:
         "Commands (H200 calls): kernels at commit 55338bb, "
         "`VARIANTS_S=0 BENCH_S=500 TEST_S=0 E2E_S=0 PROFILE_S=0 bash scripts/device/kernels.sh "
         f"$OUT` (step `{meta['command']}`); the dense/sorted GEMM-MN thresholds: `python3 "
-        "bench/kernels/mn_dense_threshold.py $OUT` at a53b7c9 (`mn-dense-threshold-h200.json`); e2e at b69a101 "
+        "-m bench.kernels.mn_dense_threshold $OUT` at a53b7c9 (`mn-dense-threshold-h200.json`); e2e at b69a101 "
         "`VARIANTS_S=0 BENCH_S=0 TEST_S=0 E2E_S=480 PROFILE_S=0 E2E_ARGS=--compile bash "
         "scripts/device/kernels.sh $OUT` (step `wide bench e2e --compile`; earlier runs: docs/results.md); "
         "the whole GPU suite (routed GEMMs, routers, PDL, reorder and row order, attention, fused decode, "

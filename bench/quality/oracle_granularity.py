@@ -20,10 +20,10 @@ activations it skips, which no router can; it is greedy per layer, not a bound o
 decision: all query heads of a group) or per query head, on each decision's contribution through O;
 TEAL-style zeroes the entries of the q / k / v and o inputs (it skips no attention-score work).
 
-    python -m bench.quality.oracle_granularity --out bench/results/smollm2/granularity-cpu.json
-    python -m bench.quality.oracle_granularity --kind attn --out bench/results/smollm2/granularity-attn-cpu.json
+    python -m bench.quality.oracle_granularity --out bench/results/quality/smollm2/granularity-cpu.json
+    python -m bench.quality.oracle_granularity --kind attn --out bench/results/quality/smollm2/granularity-attn-cpu.json
     python -m bench.quality.oracle_granularity --learned-only --routers DIR --out F   # a checkpoint's FFN alone
-    python -m bench.quality.oracle_granularity --plot bench/results/smollm2/granularity-cpu.json \
+    python -m bench.quality.oracle_granularity --plot bench/results/quality/smollm2/granularity-cpu.json \
         --out docs/plots/granularity-cpu.png
 """
 
@@ -284,7 +284,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--plot", type=Path, help="plot this FFN result file to --out (a .png) instead of running")
     ap.add_argument("--kind", choices=["ffn", "attn"], default="ffn", help="which half of the layer is studied")
-    ap.add_argument("--out", type=Path, default=Path("bench/results/smollm2/granularity-cpu.json"))
+    ap.add_argument("--out", type=Path, default=Path("bench/results/quality/smollm2/granularity-cpu.json"))
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--routers", default="src/wide/checkpoints/smollm2-135m-s50")
     ap.add_argument("--docs", type=int, default=4)

@@ -7,7 +7,7 @@ WIDE series enter (groups target, no extra calibrate flags), one per FFN group s
 (default 128; other sizes drawn as triangles / diamonds), so what moves is the budget, the objective and the
 group size. Dashed lines: the goals of the quality issue, when given (--goal).
 
-  python -m bench.quality.plot_budget bench/results/smollm2/quality-h200.json --out docs/plots/budget-h200.png \
+  python -m bench.quality.plot_budget bench/results/quality/smollm2/quality-h200.json --out docs/plots/budget-h200.png \
       --goal 0.25:1.25 --goal 0.5:3.0 --goal 0.5:2.2:LoRA --group-sizes 128,32
 """
 

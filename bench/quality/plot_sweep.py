@@ -4,7 +4,8 @@ distillation, FLOP-weighted target, LoRA, group size, a calibration budget other
 one), the dense model as a reference line. Every run is a filled marker; the line goes through one hollow
 marker per target, the mean of the runs there (geometric for perplexity).
 
-  python -m bench.quality.plot_sweep bench/results/smollm2/quality.json --out bench/results/smollm2/sweep.png
+  python -m bench.quality.plot_sweep bench/results/quality/smollm2/quality.json \
+      --out bench/results/quality/smollm2/sweep.png
 """
 
 from __future__ import annotations

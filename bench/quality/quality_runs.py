@@ -3,7 +3,7 @@ LoRA), then evaluate (WikiText-2 + zero-shot through `wide.eval.run_eval`), and 
 run to --out. Resumable: finished records (same name) are skipped, finished checkpoints are reused and an
 interrupted trained calibration continues from its latest checkpoint (`--resume`).
 
-  python -m bench.quality.quality_runs --out bench/results/smollm2/quality.json --work runs/quality \
+  python -m bench.quality.quality_runs --out bench/results/quality/smollm2/quality.json --work runs/quality \
       --methods dense,wide,module-skip,layer-skip,static-width,teal --targets 0.25,0.5 --steps 2000
   python -m bench.quality.quality_runs --spec runs.json --out ...     # a JSON list of run objects (RunSpec fields)
   python -m bench.quality.quality_runs --spec a.json b.json --out ...  # both lists' rows, in that order, one file

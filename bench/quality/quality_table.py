@@ -4,8 +4,8 @@ FLOPs removed, real sparsity, WikiText-2 word perplexity (and its ratio to dense
 scores and their average (and its retention of dense's); below, the issue's comparisons computed from
 the same records. Rows that did not finish are listed with their status.
 
-  python -m bench.quality.quality_table bench/results/smollm2/quality-h200.json            # to stdout
-  python -m bench.quality.quality_table bench/results/smollm2/quality-h200.json --out x.md
+  python -m bench.quality.quality_table bench/results/quality/smollm2/quality-h200.json            # to stdout
+  python -m bench.quality.quality_table bench/results/quality/smollm2/quality-h200.json --out x.md
 """
 
 from __future__ import annotations

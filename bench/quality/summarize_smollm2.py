@@ -1,7 +1,7 @@
-"""Summarise the committed SmolLM2-135M calibration results into bench/results/smollm2/summary.{json,md}.
+"""Summarise the committed SmolLM2-135M calibration results into bench/results/quality/smollm2/summary.{json,md}.
 
 Reads committed files only: src/wide/checkpoints/smollm2-135m-s*/wide_config.json (training summaries) and
-bench/results/smollm2/wide_ppl.json (H200, bf16, full WikiText-2, the shipped routers as trained:
+bench/results/quality/smollm2/wide_ppl.json (H200, bf16, full WikiText-2, the shipped routers as trained:
 thresholds fitted per kind at the end of training). The first session's 600-step results are in git
 only (docs/results.md, "Superseded runs").
 Usage: python -m bench.quality.summarize_smollm2
@@ -15,7 +15,7 @@ from pathlib import Path
 from wide.paths import resolve_routers
 
 ROOT = Path(__file__).resolve().parents[2]
-RES = ROOT / "bench" / "results" / "smollm2"
+RES = ROOT / "bench" / "results" / "quality" / "smollm2"
 H200_COMMAND = (
     "three device calls in a row on one warm H200: (1) carry .device-carry/smol.part.aa (any command; "
     "scripts/device/setup.sh keeps it); (2) carry .device-carry/{smol.part.ab,whl,data.tar.xz}: "

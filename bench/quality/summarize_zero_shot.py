@@ -1,7 +1,7 @@
-"""The README's zero-shot table: the dense row (bench/results/smollm2/dense.json) and the routed rows
+"""The README's zero-shot table: the dense row (bench/results/quality/smollm2/dense.json) and the routed rows
 (routed.json, from scripts/device/eval_routed.sh) merged, retention recomputed against dense.
 Both files must share the protocol (tasks, max length, dtype, batch size); the script checks it.
-Usage: python -m bench.quality.summarize_zero_shot  -> bench/results/smollm2/zero_shot.{json,md}
+Usage: python -m bench.quality.summarize_zero_shot  -> bench/results/quality/smollm2/zero_shot.{json,md}
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from wide.eval.runner import summarise, to_markdown
 
-RES = Path(__file__).resolve().parents[2] / "bench" / "results" / "smollm2"
+RES = Path(__file__).resolve().parents[2] / "bench" / "results" / "quality" / "smollm2"
 PROTOCOL = ("limit", "batch_size", "max_length", "ppl_max_length", "dtype", "softmax_dtype", "num_fewshot")
 
 

@@ -1,9 +1,9 @@
 """The shipped routers' quality through both paths, one table: the masked Hugging Face path (the
 reference) and the runtime users are served, from the committed H200 records.
 
-    python -m bench.serve.summarize_served   # writes bench/results/smollm2/served-summary.md
+    python -m bench.serve.summarize_served   # writes bench/results/quality/smollm2/served-summary.md
 
-Reads bench/results/smollm2/{dense,zero-shot-masked,zero-shot-runtime,served-vs-evaluated}.json.
+Reads bench/results/quality/smollm2/{dense,zero-shot-masked,zero-shot-runtime,served-vs-evaluated}.json.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-R = Path(__file__).resolve().parents[2] / "bench" / "results" / "smollm2"
+R = Path(__file__).resolve().parents[2] / "bench" / "results" / "quality" / "smollm2"
 TASKS = ["arc_easy", "arc_challenge", "boolq", "winogrande", "piqa", "openbookqa", "hellaswag"]
 NAMES = ["ARC-E", "ARC-C", "BoolQ", "WinoGrande", "PIQA", "OpenbookQA", "HellaSwag"]
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The routed rows of the README's zero-shot table (H200): the shipped SmolLM2 routers on the seven
 # tasks and WikiText-2, full sets, lm-eval protocol (bf16, batch 64, max length 4096). The dense row is
-# bench/results/smollm2/dense.json (same protocol); DENSE=1 re-runs it here. Results are rewritten
+# bench/results/quality/smollm2/dense.json (same protocol); DENSE=1 re-runs it here. Results are rewritten
 # after every row, so a run cut short keeps the rows it finished.
 # Usage (repo root), calls in a row on one warm machine (each carry stays under 64 MiB with the tree): one
 # per GGUF part (.device-carry/smol.part.*, gguf_parts.sh) running `source scripts/device/setup.sh`; then

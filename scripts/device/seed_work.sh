@@ -8,7 +8,7 @@
 #   wide-50-long-warm-kllm   smollm2-135m-s50 as shipped from 62ca804 to 71fd77b (git d827a05: 4,000 + 3,000)
 #   wide-50-long-warm2-kllm  smollm2-135m-s50 as shipped until d52880f (git d52880f: 4,000 + 3,000 + 2,500)
 #   wide-50-long-g32-warm-kllm  src/wide/checkpoints/smollm2-135m-s50 (shipped since: G_ffn 32, 4,000 + 1,500)
-# and the records file bench/results/smollm2/quality-h200.json; restore_work.sh (run by setup.sh and quality.sh)
+# and the records file bench/results/quality/smollm2/quality-h200.json; restore_work.sh (run by setup.sh and quality.sh)
 # restores both from .device-carry/quality-work/ and quality.sh skips every row with a finished record. A row
 # whose checkpoint is in the tree travels as one line of tree-rows.txt (restored from src/wide/checkpoints/); a
 # row from history as work.tar.00 (~4.7 MB a row: a call carries 64 MiB with the ~40 MiB tree and evalwhl).
@@ -53,7 +53,7 @@ rm -rf "$T"
 python3 - "$Q/quality.json" "${DROP:-}" <<'PY'
 import json, sys
 out, drop = sys.argv[1], set(filter(None, sys.argv[2].split(",")))
-data = json.load(open("bench/results/smollm2/quality-h200.json"))
+data = json.load(open("bench/results/quality/smollm2/quality-h200.json"))
 data["records"] = [r for r in data["records"] if r.get("name") not in drop]
 json.dump(data, open(out, "w"), indent=1)
 print(f"seeded {out}: {len(data['records'])} records, dropped {sorted(drop)}")

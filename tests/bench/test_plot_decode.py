@@ -8,7 +8,7 @@ from pathlib import Path
 from bench.decode import plot_decode
 
 ROOT = Path(__file__).resolve().parents[2]
-RECORD = ROOT / "bench" / "results" / "decode-h200.json"
+RECORD = ROOT / "bench" / "results" / "decode" / "decode-h200.json"
 
 
 def _plot_decode():

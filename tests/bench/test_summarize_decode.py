@@ -10,7 +10,7 @@ import pytest
 from bench.decode import summarize_decode
 
 ROOT = Path(__file__).resolve().parents[2]
-RECORDS = [ROOT / "bench" / "results" / f"decode-{card}.json" for card in ("h200", "h100")]
+RECORDS = [ROOT / "bench" / "results" / "decode" / f"decode-{card}.json" for card in ("h200", "h100")]
 
 
 def _row(variant, B, ms, sparsity=0.0, fused=True, dense_fused_ms=None, **extra):

@@ -1,6 +1,6 @@
 """``wide bench kernels``: routed GEMM / reorder / gather-scatter sweep + the attention sweep.
 
-Writes ``bench/results/kernels-h200.json`` (one record per measurement) and ``kernels-h200.md``.
+Writes ``bench/results/kernels/kernels-h200.json`` (one record per measurement) and ``kernels-h200.md``.
 """
 
 from __future__ import annotations
