@@ -25,11 +25,11 @@ def dump_autotune(path: str) -> None:
     import wide.kernels
 
     out = {}
-    for info in pkgutil.iter_modules(wide.kernels.__path__):
-        mod = importlib.import_module(f"wide.kernels.{info.name}")
+    for info in pkgutil.walk_packages(wide.kernels.__path__, prefix="wide.kernels."):
+        mod = importlib.import_module(info.name)
         for obj in vars(mod).values():
             if isinstance(obj, triton.runtime.Autotuner) and getattr(obj, "cache", None):
-                name = f"{info.name}.{getattr(obj.fn, '__name__', type(obj).__name__)}"
+                name = f"{info.name.rsplit('.', 1)[-1]}.{getattr(obj.fn, '__name__', type(obj).__name__)}"
                 out[name] = {str(key): str(cfg) for key, cfg in obj.cache.items()}
     with open(path, "w") as f:
         json.dump(out, f, indent=1)
@@ -44,7 +44,7 @@ def quick_check(path: str) -> bool:
 
     from wide.bench.checks import within_bf16_rule
     from wide.kernels import plan, plan_route, routed_gemm_k, routed_gemm_mn, routed_swiglu
-    from wide.kernels.reference import routed_gemm_k_ref, routed_gemm_mn_ref, routed_swiglu_ref
+    from wide.kernels.gemm.reference import routed_gemm_k_ref, routed_gemm_mn_ref, routed_swiglu_ref
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     recs = []

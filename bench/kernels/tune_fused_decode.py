@@ -34,8 +34,8 @@ from wide.bench.timing import card_tag, copies_for, median_ms
 from wide.bench.timing import time_calls as _time_calls
 from wide.kernels import fused_decode as FD
 from wide.kernels import plan, plan_route, routed_gemm_k, routed_swiglu
-from wide.kernels.attention_reference import attention_decode_ref
-from wide.kernels.router import default_config, router_margin_kernel, router_margin_ref
+from wide.kernels.attention.reference import attention_decode_ref
+from wide.kernels.router.ops import default_config, router_margin_kernel, router_margin_ref
 
 D, HQ, HK, HD, DF, G, CTX, RANK = 4096, 32, 8, 128, 14336, 128, 4096, 32
 DEV, DTYPE = "cuda", torch.bfloat16

@@ -15,8 +15,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from wide.bench.checks import within_bf16_rule  # noqa: E402
-from wide.kernels.plan import plan  # noqa: E402
-from wide.kernels.reorder import RouteIndex, plan_route, reorder  # noqa: E402
+from wide.kernels.route.plan import plan  # noqa: E402
+from wide.kernels.route.reorder import RouteIndex, plan_route, reorder  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")

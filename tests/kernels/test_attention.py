@@ -17,8 +17,8 @@ from wide.kernels.attention import (
     routed_attention_decode,
     routed_attention_prefill,
 )
-from wide.kernels.plan import Plan
-from wide.kernels.reorder import plan_route, reorder, reorder_reference
+from wide.kernels.route.plan import Plan
+from wide.kernels.route.reorder import plan_route, reorder, reorder_reference
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 gpu = pytest.mark.gpu

@@ -99,7 +99,7 @@ def test_attention_merged(kernel_device, hq, hk, b, mode, splits):
     kc, vc = torch.randn(b, s, hk, d), torch.randn(b, s, hk, d)
     lens = torch.randint(1, s, (b,), dtype=torch.int32)
     mask = _mask(mode, b, hk, seed=b)
-    from wide.kernels.attention_reference import attention_decode_ref
+    from wide.kernels.attention.reference import attention_decode_ref
 
     ref = attention_decode_ref(q, kc, vc, lens + 1, mask)
     q, kc, vc, lens, mask = _to(kernel_device, q, kc, vc, lens, mask)
@@ -243,7 +243,7 @@ def test_attention_split_count_follows_the_running_pairs(kernel_device, mode):
     mask = _mask("none" if mode == "one" else mode, b, hk, seed=3)
     if mode == "one":
         mask[0, 1] = True
-    from wide.kernels.attention_reference import attention_decode_ref
+    from wide.kernels.attention.reference import attention_decode_ref
 
     ref = attention_decode_ref(q, kc, vc, lens + 1, mask)
     q, kc, vc, lens, mask = _to(kernel_device, q, kc, vc, lens, mask)
@@ -321,7 +321,7 @@ def test_dense_attention_bf16_rule_on_gpu(b):
     kc, vc = torch.randn(b, s, hk, d, device=dev), torch.randn(b, s, hk, d, device=dev)
     lens = torch.full((b,), 4095, device=dev, dtype=torch.int32)
     ones = torch.ones(b, hk, dtype=torch.bool, device=dev)
-    from wide.kernels.attention_reference import attention_decode_ref
+    from wide.kernels.attention.reference import attention_decode_ref
 
     o32 = attention_decode_ref(q, kc, vc, lens + 1, ones)
     q, kc, vc = q.bfloat16(), kc.bfloat16(), vc.bfloat16()
@@ -356,7 +356,7 @@ def test_qkv_attention_o_bf16_rule_on_gpu(b, grouped):
     run = mask.any(0).repeat_interleave(hq // hk)
     assert_close_to_ref(q[:, run], q32[:, run], q_lp[:, run])
     assert_close_to_ref(kq, kc32, k_lp)
-    from wide.kernels.attention_reference import attention_decode_ref
+    from wide.kernels.attention.reference import attention_decode_ref
 
     lens = pos.int()
     o32 = attention_decode_ref(q32, kc32, vc32, lens + 1, mask)
@@ -504,7 +504,7 @@ def test_attention_launch_overrides(kernel_device):
     q, kc, vc = torch.randn(b, hq, d), torch.randn(b, s, hk, d), torch.randn(b, s, hk, d)
     lens = torch.tensor([66, 13], dtype=torch.int32)
     mask = _mask("random", b, hk, seed=3)
-    from wide.kernels.attention_reference import attention_decode_ref
+    from wide.kernels.attention.reference import attention_decode_ref
 
     ref = attention_decode_ref(q, kc, vc, lens + 1, mask)
     q, kc, vc, lens, mask = _to(kernel_device, q, kc, vc, lens, mask)

@@ -5,9 +5,9 @@ import torch
 
 from tests.kernels.conftest import assert_close_to_ref, gpu, make_route, planned
 from wide.kernels import Plan, plan, sparsity_bucket
-from wide.kernels.gemm_k import routed_gemm_k
-from wide.kernels.reference import routed_gemm_k_ref
-from wide.kernels.reorder import RouteIndex, plan_route, reorder, route_mask
+from wide.kernels.gemm.gemm_k import routed_gemm_k
+from wide.kernels.gemm.reference import routed_gemm_k_ref
+from wide.kernels.route.reorder import RouteIndex, plan_route, reorder, route_mask
 
 # (B, T, N, K, G): K routed; N and M not multiples of the tiles; decode-sized M
 CPU_SHAPES = [

@@ -6,9 +6,9 @@ import torch.nn.functional as F
 
 from tests.kernels.conftest import assert_close_to_ref, gpu, make_route, planned
 from wide.kernels import Plan, plan
-from wide.kernels.gemm_mn import routed_gemm_mn, routed_swiglu
-from wide.kernels.reference import routed_gemm_mn_ref, routed_swiglu_ref
-from wide.kernels.reorder import plan_route, reorder
+from wide.kernels.gemm.gemm_mn import routed_gemm_mn, routed_swiglu
+from wide.kernels.gemm.reference import routed_gemm_mn_ref, routed_swiglu_ref
+from wide.kernels.route.reorder import plan_route, reorder
 
 # (B, T, N, K, G): tiles not dividing M / N / K, group sizes 16 / 32 / 128, B > 1, decode-sized M
 CPU_SHAPES = [
@@ -79,7 +79,7 @@ def test_gemm_mn_no_zero_mode_keeps_active_entries(path, m, kernel_device):
 def test_small_k_split_sum_is_exact_and_deterministic(kernel_device):
     """Decode GEMM-K with several K splits, reduced in-kernel in split order; counters left at 0."""
     from wide.kernels._split_reduce import tile_counters
-    from wide.kernels.small_m import small_gemm_k
+    from wide.kernels.gemm.small_m import small_gemm_k
 
     x, w, _ = _inputs(3, 40, 2048, torch.float32, kernel_device)
     mask = (torch.rand(3, 16, generator=torch.Generator().manual_seed(1)) < 0.5).to(kernel_device)
@@ -98,7 +98,7 @@ def test_small_k_split_sum_is_exact_and_deterministic(kernel_device):
 @pytest.mark.parametrize("splits", [1, 4])
 def test_small_m1_matches_reference(splits, kernel_device):
     """M = 1 through both decode kernels (explicit config), with and without a K split."""
-    from wide.kernels.small_m import small_gemm_k, small_gemm_mn
+    from wide.kernels.gemm.small_m import small_gemm_k, small_gemm_mn
 
     x, w, w2 = _inputs(1, 64, 256, torch.float32, kernel_device)
     cfg = {"BLOCK_N": 16, "BLOCK_K": 32, "SPLITS": splits, "num_warps": 4}
@@ -116,7 +116,7 @@ def test_small_m1_matches_reference(splits, kernel_device):
 def test_small_mn_split_k_matches_unsplit(kernel_device):
     """Decode GEMM-MN / SwiGLU with K split over programs: same result, counters left at 0."""
     from wide.kernels._split_reduce import tile_counters
-    from wide.kernels.small_m import small_gemm_mn
+    from wide.kernels.gemm.small_m import small_gemm_mn
 
     x, w, w2 = _inputs(2, 64, 200, torch.float32, kernel_device)
     mask = torch.tensor([[1, 0, 1, 0], [1, 0, 0, 1]], dtype=torch.bool, device=kernel_device)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tests.kernels.conftest import HAS_CUDA, gpu
-from wide.kernels.reorder import (
+from wide.kernels.route.reorder import (
     ORDER_MAX_ROWS,
     RouteIndex,
     pattern_order,

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.kernels.conftest import gpu
-from wide.kernels.router import (
+from wide.kernels.router.ops import (
     router_decisions,
     router_decisions_pair,
     router_margin,
@@ -142,7 +142,7 @@ def test_shared_head_is_bit_identical(shape, heads, kernel_device):
     splits) gives the margins of the head run by the last split alone, bit for bit; single and pair launch; a
     second call after the first (the counters are back at 0: no ticket left over)."""
     from wide.kernels._split_reduce import tile_counters
-    from wide.kernels.router import head_schedule
+    from wide.kernels.router.ops import head_schedule
 
     m, ng = shape
     w_down, w_margin, b_margin = _router(200, 32, ng, torch.float32, kernel_device)
@@ -165,7 +165,7 @@ def test_shared_head_rule_and_bad_settings(kernel_device):
     """The split schedule shares a head of SHARED_HEAD_MIN_GROUPS groups or more, one program per
     SHARED_HEAD_BLOCK_G groups; fewer groups, one split or the serial schedule run it alone; a config that asks to
     share where no split is summed is a one-line error."""
-    from wide.kernels.router import SHARED_HEAD_BLOCK_G, SHARED_HEAD_MIN_GROUPS, default_config, head_schedule
+    from wide.kernels.router.ops import SHARED_HEAD_BLOCK_G, SHARED_HEAD_MIN_GROUPS, default_config, head_schedule
 
     split = default_config(4096, 1)
     few, many = SHARED_HEAD_MIN_GROUPS - 1, SHARED_HEAD_MIN_GROUPS
@@ -182,7 +182,7 @@ def test_shared_head_rule_and_bad_settings(kernel_device):
 
 
 def test_serial_schedule_is_the_rule_for_many_rows():
-    from wide.kernels.router import ROUTER_BLOCK_M, SERIAL_MIN_BLOCKS, default_config
+    from wide.kernels.router.ops import ROUTER_BLOCK_M, SERIAL_MIN_BLOCKS, default_config
 
     many = ROUTER_BLOCK_M * SERIAL_MIN_BLOCKS
     assert default_config(4096, 1)["SERIAL"] == 0 and default_config(4096, many - ROUTER_BLOCK_M)["SERIAL"] == 0

@@ -40,7 +40,7 @@ def sm90(fn, sig, const, div, warps=4, stages=3):
 """
 
 _COMPILE = r"""
-from wide.kernels import fused_decode as FD
+from wide.kernels.fused_decode import kernels as FD
 
 BF, F32, I32, U8 = "*bf16", "*fp32", "*i32", "*u8"
 O_ARGS = [BF] * 3 + [U8] + [BF] * 4 + [F32, F32, I32, I32] + ["i32"] * 6 + ["fp32"]
@@ -146,7 +146,7 @@ def test_fused_decode_kernels_compile_for_sm90():
 
 
 _ROUTER = r"""
-from wide.kernels import router as R
+from wide.kernels.router import ops as R
 
 TOOL = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 fn = R._router_kernel

@@ -2,7 +2,7 @@
 
 Timing: CUDA-graph replay of R back-to-back calls (R sized to ~3 ms of work), median of replays,
 divided by R; inputs rotate over enough copies to exceed the L2 cache. The WIDE time includes the
-reorder of the mask (`wide.kernels.reorder.reorder`) for prefill; decode needs no reorder.
+reorder of the mask (`wide.kernels.route.reorder.reorder`) for prefill; decode needs no reorder.
 Dense baseline: the fastest SDPA backend that runs (SDPA's own choice, flash with enable_gqa, flash /
 cuDNN / efficient with K/V repeated outside the timed region); its name is in `baseline`;
 `speedup_vs_sdpa_default` compares with plain `F.scaled_dot_product_attention(..., enable_gqa=True)`.
@@ -109,7 +109,7 @@ def bench_prefill(b: int, t: int, sparsities, dtype=torch.bfloat16, config=None)
     """``config``: a prefill launch configuration (BLOCK_M, BLOCK_N, num_warps, num_stages) instead of the
     kernel's defaults."""
     from wide.kernels.attention import routed_attention_prefill
-    from wide.kernels.reorder import reorder
+    from wide.kernels.route.reorder import reorder
 
     n = _copies(b * t * (2 * HQ + 2 * HK) * D * 2)
     qs = [torch.randn(b, t, HQ, D, device="cuda", dtype=dtype) for _ in range(n)]

@@ -8,7 +8,7 @@ re-timed with every WIDE variant, the replays of the two interleaved. Each spars
 afresh on its own masks (``clear_autotune_cache``), as a model deployed at that level is.
 
 The WIDE operators are called as ``wide.runtime`` calls them: each decision is planned with
-``wide.kernels.plan`` from M, the group size, the number of groups and the level the masks were drawn at
+``wide.kernels.route.plan`` from M, the group size, the number of groups and the level the masks were drawn at
 (the expected sparsity, as a deployment knows its routers'); for Q and fused gate+up (the first
 operators of their decision) the timing includes ``plan_route(mask, plan)`` — the reorder when the
 plan's GEMM-MN is sorted, nothing otherwise (the small and dense paths read the mask). Past M 256 the
@@ -35,16 +35,16 @@ from wide.bench.timing import copies_for
 from wide.bench.timing import time_calls as time_graph  # module names: the CPU test replaces them
 from wide.bench.timing import time_together as time_variants
 from wide.kernels import Plan, clear_autotune_cache, plan
-from wide.kernels.gemm_k import routed_gemm_k
-from wide.kernels.gemm_mn import routed_gemm_mn, routed_swiglu
-from wide.kernels.plan import DENSE_M, ORDERED_MAX_GROUPS, SMALL_M
-from wide.kernels.reference import (
+from wide.kernels.gemm.gemm_k import routed_gemm_k
+from wide.kernels.gemm.gemm_mn import routed_gemm_mn, routed_swiglu
+from wide.kernels.gemm.reference import (
     _active_groups,
     fixed_count_mask,
     gather_scatter_gemm_k,
     gather_scatter_gemm_n,
 )
-from wide.kernels.reorder import pattern_order, plan_route, reorder
+from wide.kernels.route.plan import DENSE_M, ORDERED_MAX_GROUPS, SMALL_M
+from wide.kernels.route.reorder import pattern_order, plan_route, reorder
 
 # name, kind, N, K, G, reorder included in the WIDE timing
 OPS = [

@@ -3,7 +3,7 @@
 A GEMM-K run by tiles of R consecutive token rows can leave out a group's K tiles only where none of
 the tile's rows runs that group. ``tile_occupancy`` is the fraction of (tile, group) pairs that must
 run: for rows in their natural order, and in the shared pattern order of the 'ordered' GEMM-K
-(``wide.kernels.reorder.pattern_order``). ``occupancy_report`` sets them against the active fraction
+(``wide.kernels.route.reorder.pattern_order``). ``occupancy_report`` sets them against the active fraction
 (what skipping per token would leave) and against i.i.d. masks with the same per-group rates (what
 the kernel benchmark's random masks give).
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from wide.kernels.reorder import pattern_order_reference
+from wide.kernels.route.reorder import pattern_order_reference
 
 
 def tile_occupancy(mask: torch.Tensor, rows: int = 128, order: torch.Tensor | None = None) -> float:

@@ -1,7 +1,7 @@
 """Routed kernels (Triton) with torch references.
 
 Per routing decision: ``plan(m, group_size, n_groups, sparsity)`` decides the path of each operator
-(``wide.kernels.plan``, the one policy), ``plan_route(mask, plan)`` builds the route that carries it (the
+(``wide.kernels.route.plan``, the one policy), ``plan_route(mask, plan)`` builds the route that carries it (the
 ``reorder`` index only when the GEMM-MN takes the sorted path), and the operators of the decision share
 that route and read its plan:
   attention: routed_gemm_mn (Q) -> routed_attention_prefill / _decode -> routed_gemm_k (O)
@@ -14,8 +14,13 @@ Every op is a `torch.library` custom op in the `wide::` namespace (torch.compile
 host syncs); on CPU tensors the torch reference runs unless TRITON_INTERPRET=1.
 """
 
-from wide.kernels.attention import decode_num_splits, routed_attention_decode, routed_attention_prefill
-from wide.kernels.attention_reference import attention_decode_ref, attention_prefill_ref
+from wide.kernels.attention import (
+    attention_decode_ref,
+    attention_prefill_ref,
+    decode_num_splits,
+    routed_attention_decode,
+    routed_attention_prefill,
+)
 from wide.kernels.fused_decode import (
     attention_decode_merged,
     ffn_residual_norm,
@@ -23,24 +28,31 @@ from wide.kernels.fused_decode import (
     o_proj_residual_norm,
     qkv_rope_cache,
 )
-from wide.kernels.gemm_k import routed_gemm_k
-from wide.kernels.gemm_mn import routed_gemm_mn, routed_swiglu
-from wide.kernels.plan import K_PATHS, MN_PATHS, Plan, mn_dense_below, mn_dense_thresholds, plan, sparsity_bucket
-from wide.kernels.reference import (
+from wide.kernels.gemm import (
     gather_scatter_gemm_k,
     gather_scatter_gemm_n,
+    routed_gemm_k,
     routed_gemm_k_ref,
+    routed_gemm_mn,
     routed_gemm_mn_ref,
+    routed_swiglu,
     routed_swiglu_ref,
 )
-from wide.kernels.reorder import (
+from wide.kernels.route import (
+    K_PATHS,
+    MN_PATHS,
+    Plan,
     RouteIndex,
     has_index,
+    mn_dense_below,
+    mn_dense_thresholds,
     pattern_order,
+    plan,
     plan_route,
     reorder,
     reorder_reference,
     route_mask,
+    sparsity_bucket,
 )
 from wide.kernels.router import (
     router_decisions,
@@ -57,7 +69,7 @@ def clear_autotune_cache() -> None:
     Autotuning happens on the first call of a shape, with that call's masks; how many tiles are active
     changes the best tile shape, so re-tune after routers start producing masks of another density (the
     kernel benchmark tunes each sparsity level afresh, as a model deployed at that level would be)."""
-    from wide.kernels import gemm_k, gemm_mn, small_m
+    from wide.kernels.gemm import gemm_k, gemm_mn, small_m
 
     try:
         from triton.runtime.autotuner import Autotuner

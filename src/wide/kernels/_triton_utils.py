@@ -12,8 +12,6 @@ import warnings
 
 import torch
 
-from .plan import SMALL_M  # noqa: F401  (the policy's threshold; router.py imports it from here)
-
 try:  # Triton is optional on CPU-only installs
     import triton
     import triton.language as tl

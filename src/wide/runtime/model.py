@@ -14,7 +14,7 @@ each (as serving engines do), WIDE runs [K; V] as one.
 The fused weights are row blocks of one buffer per layer; the Hugging Face modules' weights are
 re-pointed to views of it (same values, no second copy).
 
-Each routing decision is planned once (`wide.kernels.plan`: from M = B*T, the group size, the number of
+Each routing decision is planned once (`wide.kernels.route.plan`: from M = B*T, the group size, the number of
 groups and the expected sparsity of the layer's routers, the runtime's hints); `plan_route` runs the
 reorder only when Q / gate-up take the sorted path (decode reads the mask directly). Q leaves
 its inactive heads unspecified (attention skips them); attention and SwiGLU write zeros there, so O
@@ -306,7 +306,7 @@ class WideRuntime:
     ``save_pretrained`` still works (it clones tensors that share a buffer). ``attn_sparsity_hint`` /
     ``ffn_sparsity_hint``: the fraction of attention / FFN groups the routers skip, one value or one per
     layer (default: the per-layer rates a calibrated checkpoint recorded, else the config's targets),
-    from which ``wide.kernels.plan`` picks each decision's paths (Q and gate/up: cuBLAS at large M when
+    from which ``wide.kernels.route.plan`` picks each decision's paths (Q and gate/up: cuBLAS at large M when
     too little is skipped; O: the 'ordered' GEMM-K at large M when enough is); pass what you measured on
     your data (``WideModel.start_meter``, ``stop_meter()["per_layer"]``) when it differs. ``force_k``:
     one GEMM-K path ('small' | 'dense' | 'ordered') for O and down instead of the plan's choice.

@@ -26,13 +26,13 @@ import math
 import torch
 
 from wide.kernels._triton_utils import HAS_TRITON, interpret_mode, next_pow2, use_triton
-from wide.kernels.attention_reference import (
+from wide.kernels.attention.reference import (
     attention_decode_ref,
     attention_decode_sdpa,
     attention_prefill_ref,
     attention_prefill_sdpa,
 )
-from wide.kernels.reorder import RouteIndex, has_index, reorder, reorder_reference
+from wide.kernels.route.reorder import RouteIndex, has_index, reorder, reorder_reference
 
 if HAS_TRITON:
     import triton

@@ -43,8 +43,8 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 
-from ._split_reduce import tile_counters
-from ._triton_utils import (
+from .._split_reduce import tile_counters
+from .._triton_utils import (
     HAS_TRITON,
     check_dtype,
     interpret_mode,
@@ -58,8 +58,8 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from ._split_reduce import arrive, sum_partials, wait_for
-    from ._triton_utils import pdl_begin
+    from .._split_reduce import arrive, sum_partials, wait_for
+    from .._triton_utils import pdl_begin
 
 MAX_BATCH = 16  # decode only: one 16-row tensor-core tile holds the batch
 
@@ -965,7 +965,7 @@ def _attn_op(
     len_add: int,
     num_splits: int,  # 0: attn_num_splits' rule on the running pairs, read in the kernel
 ) -> torch.Tensor:
-    from wide.kernels.attention_reference import attention_decode_ref
+    from wide.kernels.attention.reference import attention_decode_ref
 
     b, hq, hd = q.shape
     hk = k_cache.shape[2]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._triton_utils import HAS_TRITON, use_triton
+from .._triton_utils import HAS_TRITON, use_triton
 
 if HAS_TRITON:
     import triton

@@ -1,6 +1,6 @@
 """GEMM-K: K-axis routed projection (O, down): y[m] = sum over active groups g of x[m, g] · w[:, g]^T.
 
-The path is the route's plan (``route.plan.k``, decided by ``wide.kernels.plan``; docs/kernels.md#path-policy):
+The path is the route's plan (``route.plan.k``, decided by ``wide.kernels.route.plan``; docs/kernels.md#path-policy):
 
 * ``small`` (decode-sized M): ``small_m.small_gemm_k`` reads the mask, skips the weight columns of the
   groups no token runs, fixed-order split-K reduction.
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton_utils import (
+from .._triton_utils import (
     HAS_TRITON,
     autotune_subset,
     check_dtype,
@@ -28,17 +28,17 @@ from ._triton_utils import (
     tma_supported,
     use_triton,
 )
+from ..route.reorder import RouteIndex, pattern_order, route_mask
 from .dense_mid import masked_dense_gemm_k
 from .gemm_mn import route_plan, validate_route
 from .reference import routed_gemm_k_ref
-from .reorder import RouteIndex, pattern_order, route_mask
 from .small_m import small_gemm_k
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from ._triton_utils import grouped_tile
+    from .._triton_utils import grouped_tile
 
 _STATE = {"tma": False}
 

@@ -13,7 +13,7 @@ reads its weight slice only when some token of the batch uses the group.
 ``zero_inactive=False`` leaves the output of inactive (row, group) pairs unspecified (uninitialised
 memory, or the dense value on the 'dense' path): use it only when a consumer ignores those entries.
 
-This sorted kernel is the route plan's 'sorted' path (``route.plan.mn``, decided by ``wide.kernels.plan``;
+This sorted kernel is the route plan's 'sorted' path (``route.plan.mn``, decided by ``wide.kernels.route.plan``;
 docs/kernels.md#path-policy); 'small' runs ``small_m`` (decode-sized M: reads the mask, no reorder) and
 'dense' runs ``dense_mid`` (cuBLAS + a masked epilogue).
 """
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton_utils import (
+from .._triton_utils import (
     HAS_TRITON,
     autotune_subset,
     check_dtype,
@@ -31,17 +31,17 @@ from ._triton_utils import (
     tma_supported,
     use_triton,
 )
+from ..route.plan import SMALL_M, Plan
+from ..route.reorder import RouteIndex, has_index, route_mask
 from .dense_mid import dense_gemm_mn, dense_swiglu
-from .plan import SMALL_M, Plan
 from .reference import routed_gemm_mn_ref, routed_swiglu_ref
-from .reorder import RouteIndex, has_index, route_mask
 from .small_m import small_gemm_mn
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from ._triton_utils import grouped_tile
+    from .._triton_utils import grouped_tile
 
 _STATE = {"tma": False}
 
@@ -338,7 +338,7 @@ def routed_gemm_mn(
     """N-axis routed projection: ``y[m, n] = x[m]·w[n]`` if m is active in group ``n // group_size``.
 
     x: [M, K], w: [N, K] -> y: [M, N]. Inactive entries are 0 (``zero_inactive``) or unspecified.
-    The path is ``route.plan.mn``: 'small' | 'dense' | 'sorted' (``wide.kernels.plan``).
+    The path is ``route.plan.mn``: 'small' | 'dense' | 'sorted' (``wide.kernels.route.plan``).
     """
     check_dtype(x, w)
     validate_route(x, w.shape[0], w.shape[1], route, group_size, "n")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .reorder import RouteIndex, route_mask
+from ..route.reorder import RouteIndex, route_mask
 
 
 def expand_group_mask(mask: torch.Tensor, group_size: int, dtype: torch.dtype) -> torch.Tensor:

@@ -24,15 +24,15 @@ from __future__ import annotations
 
 import torch
 
-from ._split_reduce import tile_counters
-from ._triton_utils import HAS_TRITON, autotune_subset, largest_pow2_divisor, next_pow2, pdl_launch
+from .._split_reduce import tile_counters
+from .._triton_utils import HAS_TRITON, autotune_subset, largest_pow2_divisor, next_pow2, pdl_launch
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from ._split_reduce import arrive, sum_partials
-    from ._triton_utils import pdl_begin
+    from .._split_reduce import arrive, sum_partials
+    from .._triton_utils import pdl_begin
 
 SMALL_BLOCK_M = 16  # tensor-core minimum: rows M..15 are padding
 

@@ -19,8 +19,8 @@ GEMM-K (O, down) paths:
           tile streams only the K tiles of the groups some of its rows run.
 
 Forcing a path uses the same vocabulary: ``plan(..., force_mn="sorted", force_k="dense")`` or a ``Plan``
-built by hand (``plan_route`` checks it). ``wide.kernels.plan`` is the function; import the thresholds
-from this module (``from wide.kernels.plan import SMALL_M``).
+built by hand (``plan_route`` checks it). ``wide.kernels.route.plan`` is the function; import the thresholds
+from this module (``from wide.kernels.route.plan import SMALL_M``).
 """
 
 from __future__ import annotations

@@ -10,15 +10,15 @@ from typing import NamedTuple
 
 import torch
 
-from ._split_reduce import tile_counters
-from ._triton_utils import HAS_TRITON, next_pow2, use_triton
+from .._split_reduce import tile_counters
+from .._triton_utils import HAS_TRITON, next_pow2, use_triton
 from .plan import Plan, check_plan
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from ._split_reduce import arrive
+    from .._split_reduce import arrive
 
 
 class RouteIndex(NamedTuple):
@@ -339,7 +339,7 @@ def has_index(route: RouteIndex) -> bool:
 
 
 def plan_route(mask: torch.Tensor, plan: Plan) -> RouteIndex:
-    """The route of one routing decision, carrying its ``plan`` (``wide.kernels.plan``), built once and
+    """The route of one routing decision, carrying its ``plan`` (``wide.kernels.route.plan``), built once and
     shared by the decision's operators, which take their paths from ``route.plan``.
 
     ``plan.reorder`` (the sorted GEMM-MN): the full ``reorder``; else the mask alone (idx [N_G, 0],

@@ -38,15 +38,15 @@ from __future__ import annotations
 
 import torch
 
-from ._split_reduce import tile_counters
-from ._triton_utils import HAS_TRITON, SUPPORTED_DTYPES, interpret_mode, next_pow2, pdl_launch
+from .._split_reduce import tile_counters
+from .._triton_utils import HAS_TRITON, SUPPORTED_DTYPES, interpret_mode, next_pow2, pdl_launch
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from ._split_reduce import arrive, sum_partials, wait_for
-    from ._triton_utils import pdl_begin
+    from .._split_reduce import arrive, sum_partials, wait_for
+    from .._triton_utils import pdl_begin
 
 ROUTER_BLOCK_M = 16  # rows per program, for every M (the row arithmetic must not depend on M)
 # groups per step of the margin head; any width gives the same bits (docs/kernels.md#fused-decode-layer). Split

@@ -1,0 +1,56 @@
+"""The fused decode layer: one decode step's decoder layer in four kernels (+ the two router launches).
+
+``kernels.py``: the Triton kernels and their device helpers; ``rules.py``: the launch rules (grid, splits,
+stages) and ``launch_overrides``; ``reference.py``: the torch references the kernels are tested against;
+``ops.py``: the ``wide::`` op registration and the checked public wrappers. docs/kernels.md, "Fused decode layer".
+"""
+
+from wide.kernels.fused_decode.kernels import (
+    COMPACT_STAGES,
+    MAX_BATCH,
+    NARROW_DOWN_SPAN,
+    LaunchOverrides,
+    attention_decode_merged,
+    attn_num_splits,
+    attn_split_cap,
+    down_step,
+    ffn_chunk,
+    ffn_residual_norm,
+    ffn_residual_norm_ref,
+    fused_rms_norm,
+    k_splits,
+    launch_overrides,
+    o_proj_residual_norm,
+    o_proj_residual_norm_ref,
+    qkv_rope_cache,
+    qkv_rope_cache_ref,
+    qkv_row_slices,
+    rms_norm_ref,
+    rotate_half,
+    router_overlap,
+)
+
+__all__ = [
+    "COMPACT_STAGES",
+    "MAX_BATCH",
+    "NARROW_DOWN_SPAN",
+    "LaunchOverrides",
+    "attention_decode_merged",
+    "attn_num_splits",
+    "attn_split_cap",
+    "down_step",
+    "ffn_chunk",
+    "ffn_residual_norm",
+    "ffn_residual_norm_ref",
+    "fused_rms_norm",
+    "k_splits",
+    "launch_overrides",
+    "o_proj_residual_norm",
+    "o_proj_residual_norm_ref",
+    "qkv_rope_cache",
+    "qkv_rope_cache_ref",
+    "qkv_row_slices",
+    "rms_norm_ref",
+    "rotate_half",
+    "router_overlap",
+]
