@@ -535,7 +535,9 @@ def test_launch_overrides_are_checked_and_scoped():
     FD.launch_overrides(attn_splits=3)  # any KV split count
     with FD.launch_overrides(o_splits=4) as ov:
         assert ov.o_splits == 4 and ov.ffn_splits is None
-    assert FD._OVERRIDES.get() is None  # the block's end restores the shape rules
+    from wide.kernels.fused_decode import rules
+
+    assert rules._OVERRIDES.get() is None  # the block's end restores the shape rules
 
 
 def _check_split_k_paths(kernel_device, ks):
