@@ -56,7 +56,7 @@ def gemm_tables(rows: list[dict]) -> list[str]:
 
 def decode_bandwidth(rows: list[dict]) -> list[str]:
     """M = 1, 50%: weight bytes per second beyond the harness's fixed cost (a trivial kernel per call,
-    measured by the decode sweep, see docs/results.md): dense = N·K·2 bytes; WIDE = the active fraction of them."""
+    measured by the decode sweep, see docs/history.md): dense = N·K·2 bytes; WIDE = the active fraction of them."""
     floor_ms = json.loads((RESULTS / "decode" / "decode-variants-h200.json").read_text())["records"][0]["wide_ms"]
     out = [
         f"Decode (M = 1, 50%) bandwidth: weight bytes / (time − {1e3 * floor_ms:.1f} µs, the cost per call of a "
@@ -240,7 +240,7 @@ def main() -> None:
         f"$OUT` (step `{meta['command']}`); the dense/sorted GEMM-MN thresholds: `python3 "
         "-m bench.kernels.mn_dense_threshold $OUT` at a53b7c9 (`mn-dense-threshold-h200.json`); e2e at b69a101 "
         "`VARIANTS_S=0 BENCH_S=0 TEST_S=0 E2E_S=480 PROFILE_S=0 E2E_ARGS=--compile bash "
-        "scripts/device/kernels.sh $OUT` (step `wide bench e2e --compile`; earlier runs: docs/results.md); "
+        "scripts/device/kernels.sh $OUT` (step `wide bench e2e --compile`; earlier runs: docs/history.md); "
         "the whole GPU suite (routed GEMMs, routers, PDL, reorder and row order, attention, fused decode, "
         "runtime) at 43f0cf1: `TUNE_S=0 ATTN_S=0 TEST_S=270 bash scripts/device/decode.sh` "
         "(`gpu-tests-h200.log`: 655 passed); "

@@ -3,7 +3,7 @@
 Reads committed files only: src/wide/checkpoints/smollm2-135m-s*/wide_config.json (training summaries) and
 bench/results/quality/smollm2/wide_ppl.json (H200, bf16, full WikiText-2, the shipped routers as trained:
 thresholds fitted per kind at the end of training). The first session's 600-step results are in git
-only (docs/results.md, "Superseded runs").
+only (docs/history.md, "Superseded runs").
 Usage: python -m bench.quality.summarize_smollm2
 """
 

@@ -8,7 +8,7 @@
 #   E2E_ARGS (default --quick) go to `wide bench e2e`, e.g. "--compile"; WIDE_COMPILE=1 profiles the compiled step;
 #   PROFILE_ARGS ("PROMPT RATE", default "4096 0.5") go to bench/profile/profile_e2e.py.
 #   BENCH_FULL=0 runs the quick sweep. (VARIANTS_S, the decode-config sweep of older records, is gone
-#   with scripts/decode_variants.py: docs/results.md.) The tests run every (non-slow) test of the kernel
+#   with scripts/decode_variants.py: docs/history.md.) The tests run every (non-slow) test of the kernel
 #   and runtime files on the GPU with WIDE_AUTOTUNE_MAX=1 (one config per kernel: compile time
 #   dominates; the benchmark's --check covers the tuned configs).
 set -u

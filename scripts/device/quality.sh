@@ -36,7 +36,7 @@
 #     shipped until d52880f; wide-25-long-warm-kllm, shipped) 3,500 distilled steps more, 50% then 25% (after the one-pass compiled loss: about
 #     twice the distilled tokens a call of the rows above)
 #   SPEC=scripts/device/quality-long-g32.json JOBS=2: the 4,000-step rows (quality-long.json's first two) with 32-channel
-#     FFN groups: the group-size ablation at the long budget (the CPU oracle of docs/results.md favours small groups)
+#     FFN groups: the group-size ablation at the long budget (the CPU oracle of docs/history.md favours small groups)
 #   SPEC="scripts/device/quality-long-g32.json scripts/device/quality-g32-warm-distill.json": those rows' routers
 #     1,500 distilled steps more, 50% then 25% (the 50% one is shipped as smollm2-135m-s50; a fresh machine has no
 #     wide-50-long-g32, so run the 25% pair with QUALITY_EXTRA="--only wide-25-long-g32,wide-25-long-g32-warm-kllm")
@@ -69,7 +69,7 @@ source scripts/device/setup.sh
 
 WORK=${WORK:-$HOME/quality}
 # Rows share one GPU: a trained row peaks near 18 GB, an evaluation at batch 32 asks for 12 GB more at once;
-# 8 rows at a time ran out of memory and trained no faster in total than 3 (docs/results.md, quality sweep)
+# 8 rows at a time ran out of memory and trained no faster in total than 3 (docs/history.md, quality sweep)
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 mkdir -p "$WORK" "$OUT/quality-work"
 python3 -c "import gguf; from wide.model.loading import smollm2_gguf_path as p; from wide.paths import data_dir

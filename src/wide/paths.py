@@ -15,7 +15,7 @@ DATA_ENV = "WIDE_DATA"
 CACHE_ENV = "WIDE_CACHE"
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-# Router checkpoints shipped as package data (made on the H200; see docs/results.md). "-lora": a stage-2
+# Router checkpoints shipped as package data (made on the H200; see docs/history.md). "-lora": a stage-2
 # checkpoint, whose LoRA adapter every loader merges into the base weights (docs/design.md, Parts: calibration).
 SHIPPED_ROUTERS = ("smollm2-135m-s25", "smollm2-135m-s25-lora", "smollm2-135m-s50", "smollm2-135m-s50-lora")
 # The first pages of WikiText-2's test split, as raw text (gzip): the pages `wide demo` scores plus the

@@ -113,7 +113,7 @@ def test_greedy_decode_within_the_bf16_rule(shape):
     (re-scoring the whole sequence at each step), both against the fp32 masked path: the served tokens
     agree with fp32's at least as often as, up to a margin, the evaluated bf16 path's do. (Bit-equal
     greedy tokens are not a property of bf16 on a GPU: the dense runtime's decode and the HF model's
-    re-scoring already part ways; docs/results.md gives the measured agreement.)"""
+    re-scoring already part ways; docs/history.md gives the measured agreement.)"""
     model, wm = _model(*shape, seed=1)
     ids = torch.randint(0, 512, (4, 40), device="cuda")
     served = generate(WideRuntime(wm, max_batch=4, max_seq=96), ids, 32)[:, 40:]

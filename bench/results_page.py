@@ -1,0 +1,263 @@
+"""docs/results.md, rendered from the committed records: one table per source, each headed by its card, the
+commit its record measured and the command that wrote it, with a link to the record.
+
+The page is generated; edit ``SOURCES`` (what is shown, and the one-line narrative of each table) or the records,
+never the page. tests/bench/test_results_page.py renders it and diffs it against the committed file.
+The lab notes behind every figure (superseded runs, the reasoning): docs/history.md.
+
+The README's results table (between its ``results`` markers) is rendered here too, from the same records.
+
+Usage: python -m bench.results_page [--out docs/results.md]   (--check: exit 1 when a page is stale)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.kernels import summarize_kernels as SK
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+PAGE = ROOT / "docs" / "results.md"
+
+
+@dataclass(frozen=True)
+class Source:
+    """One table of the page: ``record`` (a path under bench/results/) rendered by ``render``."""
+
+    area: str  # bench/<area>/ wrote it
+    title: str
+    record: str
+    commit: str  # the tree the record measured, as the record's page or docs/history.md states it
+    note: str  # what the table shows, in one or two sentences (no figures: the table has them)
+    render: Callable[[Path], tuple[str, str, list[str]]]  # record path -> (card, command, table lines)
+
+
+def _level(s: float | str) -> str:
+    """A sparsity level: a fraction as a percentage, or the record's own label (per-kind rates)."""
+    return f"{s:.0%}" if isinstance(s, (int, float)) else str(s)
+
+
+def _decode(path: Path) -> tuple[str, str, list[str]]:
+    """A ``bench.decode.bench_decode`` record: TPOT per (variant, fused, B, sparsity)."""
+    rec = json.loads(path.read_text())
+    lines = [
+        "| variant | fused | B | sparsity | TPOT ms | vs dense | vs dense fused |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rec["records"]:
+        if r["kind"] != "tpot" or r.get("tpot_ms") is None or r.get("fused") is None:
+            continue  # Hugging Face's row and the correctness checks: in the record's own page
+        ffn_src = " (FFN router on the layer input)" if r.get("ffn_router_source") == "layer" else ""
+        lines.append(
+            f"| {r['variant']}{ffn_src} | {'yes' if r['fused'] else 'no'} | {r['B']} | {_level(r['sparsity'])} | "
+            f"{r['tpot_ms']:.3f} | {r['tpot_speedup']:.2f}× | {r['tpot_speedup_vs_dense_fused']:.2f}× |"
+        )
+    return rec["meta"]["device"], rec["meta"]["command"], lines
+
+
+def _kernels(path: Path) -> tuple[str, str, list[str]]:
+    """The kernel benchmark (``wide bench kernels``): the routed GEMMs' speed-up over cuBLAS."""
+    rows = json.loads(path.read_text())
+    meta = json.loads(path.with_name(path.name.replace(".json", ".meta.json")).read_text())
+    table = [ln for ln in SK.gemm_tables(SK._auto(rows)) if ln.startswith("|") or ln.startswith("GEMMs")]
+    return meta["gpu"], meta["command"], [ln if ln.startswith("|") else f"\n{ln}\n" for ln in table]
+
+
+def _e2e(path: Path) -> tuple[str, str, list[str]]:
+    """``wide bench e2e``: TTFT and TPOT of the runtime, dense and WIDE."""
+    meta = json.loads(path.with_name(path.name.replace(".json", ".meta.json")).read_text())
+    table = [ln for ln in SK.e2e_table(path.name) if ln.startswith("|")]
+    cmd = "VARIANTS_S=0 BENCH_S=0 TEST_S=0 E2E_S=480 PROFILE_S=0 E2E_ARGS=--compile bash scripts/device/kernels.sh $OUT"
+    return meta["device"], cmd, table
+
+
+def _zero_shot(path: Path) -> tuple[str, str, list[str]]:
+    """An ``wide eval`` record with its rows' table: WikiText-2 word perplexity and zero-shot accuracy."""
+    rec = json.loads(path.read_text())
+    table = [ln for ln in rec["markdown"].splitlines() if ln.startswith("|")]
+    card = rec["env"].get("gpu", rec["settings"].get("device", "?"))
+    return card, "ROUTERS=DIR bash scripts/device/eval_routed.sh $OUT", table
+
+
+SOURCES: tuple[Source, ...] = (
+    Source(
+        "decode",
+        "Decode: time per output token, fused decode layer (H200)",
+        "decode/decode-h200.json",
+        "6f41731",
+        "Llama-3.1-8B shapes, random weights, 4,096 cached tokens, bf16, CUDA-graph decode; every ratio is against "
+        "the same call's dense run (unfused: today's decode; fused: the fused dense layer).",
+        _decode,
+    ),
+    Source(
+        "decode",
+        "Decode: time per output token, fused decode layer (H100)",
+        "decode/decode-h100.json",
+        "b20e4ce",
+        "The same benchmark on an H100, with the routers beside QKV (the rule since the H200 table).",
+        _decode,
+    ),
+    Source(
+        "kernels",
+        "Kernels: routed GEMMs against cuBLAS (H200)",
+        "kernels/kernels-h200.json",
+        "55338bb",
+        "Llama-3.1-8B shapes, bf16, i.i.d. random masks; each op at the path ``wide.kernels.plan`` picks.",
+        _kernels,
+    ),
+    Source(
+        "decode",
+        "End to end: prefill and decode (H200)",
+        "decode/e2e-h200.json",
+        "b69a101",
+        "The runtime with a compiled layer step: 4,096-token prompt, decode at 4,096 cached tokens.",
+        _e2e,
+    ),
+    Source(
+        "quality",
+        "Quality: the shipped routers + LoRA, full task sets (H200)",
+        "quality/smollm2/routed-lora.json",
+        "8f92636",
+        "SmolLM2-135M through the served runtime, bf16; WikiText-2 word perplexity and lm-eval's zero-shot tasks.",
+        _zero_shot,
+    ),
+    Source(
+        "quality",
+        "Quality: dense and the shipped routers, full task sets (H200)",
+        "quality/smollm2/zero_shot.json",
+        "af8bad8",
+        "Dense and the routed rows merged, retention against dense (``python -m bench.quality.summarize_zero_shot``).",
+        _zero_shot,
+    ),
+)
+
+
+def _load(record: str):
+    return json.loads((RESULTS / record).read_text())
+
+
+def _tpot(record: str, variant: str, b: int, sparsity: float) -> dict:
+    """The fused-layer TPOT row of a decode record (the FFN router on the block's own norm, the default)."""
+    return next(
+        r
+        for r in _load(record)["records"]
+        if r["kind"] == "tpot" and r.get("fused") and r["variant"] == variant and r["B"] == b
+        and r["sparsity"] == sparsity and r.get("ffn_router_source") in (None, "block")
+    )  # fmt: skip
+
+
+def _link(*records: str) -> str:
+    return ", ".join(f"[`{r.rsplit('/', 1)[-1]}`](bench/results/{r})" for r in records)
+
+
+def headline_rows() -> list[str]:
+    """The README's results: one row per headline figure, the card it ran on and the record(s) it comes from."""
+    rows = ["| Result | Hardware | Dense | WIDE | Record |", "|---|---|---|---|---|"]
+    for rec in ("decode/decode-h200.json", "decode/decode-h100.json"):
+        card = _load(rec)["meta"]["device"]
+        for b in (1, 16):
+            d, w = _tpot(rec, "dense", b, 0.0), _tpot(rec, "wide", b, 0.5)
+            rows.append(
+                f"| Decode TPOT, Llama-3.1-8B shapes, B {b}, 50%, fused layer | {card} | {d['tpot_ms']:.2f} ms | "
+                f"{w['tpot_ms']:.2f} ms ({w['tpot_speedup_vs_dense_fused']:.2f}×) | {_link(rec)} |"
+            )
+    e2e = "decode/e2e-h200.json"
+    card = json.loads((RESULTS / e2e.replace(".json", ".meta.json")).read_text())["device"]
+    for b in (1, 16):
+        d, w = (next(r for r in _load(e2e) if r["B"] == b and r["sparsity"] == sp and r["variant"] == v)
+                for v, sp in (("dense", 0.0), ("wide", 0.5)))  # fmt: skip
+        rows.append(
+            f"| TTFT, 4,096-token prompt, B {b}, 50% | {card} | {d['ttft_ms']:.1f} ms | {w['ttft_ms']:.1f} ms "
+            f"({w['ttft_speedup']:.2f}×) | {_link(e2e)} |"
+        )
+    kern = "kernels/kernels-h200.json"
+    for op, g in (("q", 512), ("gate_up", 128), ("o", 512), ("down", 128)):
+        r = next(r for r in SK._auto(_load(kern)) if r["op"] == op and r["group_size"] == g and r["M"] == 1
+                 and r["sparsity"] == 0.5)  # fmt: skip
+        rows.append(
+            f"| Routed GEMM {op} (G {g}), M 1, 50% | {r['gpu']} | {r['dense_ms'] * 1e3:.1f} µs | "
+            f"{r['wide_ms'] * 1e3:.1f} µs ({r['speedup']:.2f}×) | {_link(kern)} |"
+        )
+    dense_rec, lora_rec = "quality/smollm2/zero_shot.json", "quality/smollm2/routed-lora.json"
+    dense, lora = _load(dense_rec), _load(lora_rec)
+    dn = dense["rows"]["dense"]
+    for name in ("smollm2-135m-s25-lora", "smollm2-135m-s50-lora"):
+        r = lora["rows"][name]
+        card = lora["env"]["gpu"]
+        rows.append(
+            f"| SmolLM2-135M `{name}`: WikiText-2 word ppl | {card} | {dn['wikitext']['word_perplexity']:.2f} | "
+            f"{r['wikitext']['word_perplexity']:.2f} | {_link(dense_rec, lora_rec)} |"
+        )
+        rows.append(
+            f"| SmolLM2-135M `{name}`: zero-shot accuracy, 7 tasks | {card} | {dn['avg']:.1%} | {r['avg']:.1%} "
+            f"({r['avg'] / dn['avg']:.1%} of dense) | {_link(dense_rec, lora_rec)} |"
+        )
+    return rows
+
+
+README = ROOT / "README.md"
+BEGIN, END = "<!-- results: generated by python -m bench.results_page -->", "<!-- results: end -->"
+
+
+def render_readme(text: str) -> str:
+    """``text`` (the README) with its block between BEGIN and END replaced by ``headline_rows``."""
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    return head + BEGIN + "\n" + "\n".join(headline_rows()) + "\n" + END + tail
+
+
+def render() -> str:
+    out = [
+        "# Results",
+        "",
+        "<!-- generated by `python -m bench.results_page` from bench/results/: edit SOURCES or the records, "
+        "not this page -->",
+        "",
+        "Every table below is rendered from one committed record; its header names the card, the commit the "
+        "record measured and the command that wrote it. The lab notes (superseded runs, the reasoning, the "
+        "figures quoted in prose): [history.md](history.md); what was tried and did not stay: "
+        "[negative-results.md](negative-results.md). Commands are as the records wrote them (``scripts/<name>.py`` "
+        "of older records is ``python -m bench.<area>.<name>`` now).",
+        "",
+    ]
+    for s in SOURCES:
+        card, command, table = s.render(RESULTS / s.record)
+        out += [
+            f"## {s.title}",
+            "",
+            f"{s.note}",
+            "",
+            f"Card: {card} · commit: {s.commit} · record: [`{s.record}`](../bench/results/{s.record}) · "
+            f"command: `{command}`",
+            "",
+            *table,
+            "",
+        ]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=PAGE)
+    ap.add_argument("--check", action="store_true", help="exit 1 when --out differs from the rendering")
+    a = ap.parse_args(argv)
+    pages = {a.out: render(), README: render_readme(README.read_text())}
+    if a.check:
+        stale = [str(p) for p, text in pages.items() if not p.is_file() or p.read_text() != text]
+        if stale:
+            print(f"stale: {', '.join(stale)}: run python -m bench.results_page", file=sys.stderr)
+            return 1
+        return 0
+    for p, text in pages.items():
+        p.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
