@@ -20,7 +20,7 @@ and the decision is ``router_decisions`` on it: the same op, on the same kind of
 runtime (routers with ``router_input="residual"`` read the residual stream x the kernels also write; with
 ``ffn_router_source="layer"`` the FFN router decides at the layer's start, in the attention router's launch).
 One code path serves ``routed=True`` and the dense baseline (``mask=None``: every group runs). Prefill is
-unchanged (``wide.runtime.model.layer_step``). No host sync: CUDA-graph capturable.
+unchanged (``wide.runtime.layer.layer_step``). No host sync: CUDA-graph capturable.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import torch
 
 from wide.kernels import fused_decode as FD
 from wide.kernels.router import router_decisions
-from wide.runtime.model import decide
+from wide.runtime.layer import decide
 
 
 class FusedLayer(NamedTuple):
@@ -134,9 +134,12 @@ def check_fused(rt, max_batch: int) -> None:
 
 
 @torch.no_grad()
-def fused_decode_step(rt, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """ids [B, 1] at positions pos [B, 1] (= the cache lengths) -> logits [B, V]; writes each layer's K/V
-    at pos. The caller advances ``rt.cache.lens``."""
+def fused_decode_step(
+    rt, ids: torch.Tensor, pos: torch.Tensor
+) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor | None]]]:
+    """ids [B, 1] at positions pos [B, 1] (= the cache lengths) -> (logits [B, V], per routed layer its masks
+    (attention [B, Hk], FFN [B, G])); writes each layer's K/V at pos. The caller advances ``rt.cache.lens``
+    and keeps the masks (``WideRuntime.fused_masks``)."""
     b = ids.shape[0]
     layers, st = rt.fused_layers, rt.step_configs[True][0]
     x = rt.hf.model.embed_tokens(ids)  # [B, 1, D]
@@ -147,7 +150,7 @@ def fused_decode_step(rt, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     lens = rt.cache.lens[:b]
     h = FD.fused_rms_norm(x, layers[0].ln_attn, layers[0].eps_attn)
     final = rt.hf.model.norm
-    masks = []  # per layer (attention [B, Hk], FFN [B, G]) when routed: rt.fused_masks (benchmarks read them)
+    masks = []  # per layer (attention [B, Hk], FFN [B, G]) when routed: the runtime keeps them (fused_masks)
     early = st.ffn_router_from_layer  # the FFN router reads the layer input
     overlap = rt.routed and FD.router_overlap(x.is_cuda)
     side = rt.router_stream if overlap else None  # None on the CPU: the same launches, in order
@@ -156,9 +159,9 @@ def fused_decode_step(rt, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         rin = x if st.router_residual else h  # [B, D]: what the routers read
         if side is not None:  # fork: the side stream starts once h is written
             side.wait_stream(main)
-        # The masks are allocated on the side stream and read on the main one: they stay alive in rt.fused_masks
-        # until the next step ends, and the side stream allocates again only after a fork, which waits for every
-        # read queued on the main stream.
+        # The masks are allocated on the side stream and read on the main one: they stay alive in the runtime's
+        # fused_masks until the next step ends, and the side stream allocates again only after a fork, which waits
+        # for every read queued on the main stream.
         with torch.cuda.stream(side) if side is not None else nullcontext():
             mask_a, mask_f = decide(rin, w.router_attn, w.router_ffn if early else None)
         q = FD.qkv_rope_cache(
@@ -176,5 +179,4 @@ def fused_decode_step(rt, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         x, h = FD.ffn_residual_norm(h, w.w_gate, w.w_up, w.w_down, mask_f, x, norm_w, float(eps), rt.g_ffn, w.b_down)
         if mask_a is not None:
             masks.append((mask_a, mask_f))
-    rt.fused_masks = masks  # under CUDA-graph capture: the graph's outputs, refreshed by every replay
-    return rt.hf.lm_head(h).float()  # h: the final norm of the last position
+    return rt.hf.lm_head(h).float(), masks  # h: the final norm of the last position

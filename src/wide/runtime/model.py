@@ -25,26 +25,23 @@ the same code (cuBLAS linears, SDPA prefill, split-KV decode with every group ac
 synchronisation in `prefill` / `decode`: positions and cache lengths live on the device, so the decode
 step can be captured in a CUDA graph (see `wide.runtime.generate`).
 
-Each layer runs through `layer_step`, a function of tensors only; `compile=True` compiles it once with
-`torch.compile` (the routed kernels are custom ops inside the graph) so the norms, RoPE, router heads,
-cache writes and residual adds fuse into a few kernels for every layer, for WIDE and dense alike.
+Each layer runs through `layer_step` (``wide.runtime.layer``), a function of tensors only; `compile=True`
+compiles it once with `torch.compile` (the routed kernels are custom ops inside the graph) so the norms, RoPE,
+router heads, cache writes and residual adds fuse into a few kernels for every layer, for WIDE and dense alike.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 
 from wide import kernels as K
 from wide.config import NO_GROUP_ROUTERS
-from wide.kernels.fused_decode import rms_norm_ref as rms_norm
-from wide.kernels.fused_decode import rotate_half
 from wide.model.checkpoint import FittedRates
 from wide.model.wide_model import WideModel, decoder_layers
+from wide.runtime.layer import LayerWeights, StepConfig, layer_step
 
 
 @dataclass
@@ -65,183 +62,8 @@ class StaticCache:
         self.lens.zero_()
 
 
-class LayerWeights(NamedTuple):
-    """One decoder layer's tensors (None: absent, or not used by this runtime's mode)."""
-
-    ln_attn: torch.Tensor  # [D]
-    w_qkv: torch.Tensor | None  # dense: [Q; K; V] = [(Hq + 2 Hk)*d, D]
-    b_qkv: torch.Tensor | None
-    wq: torch.Tensor | None  # routed: [Hq*d, D]
-    bq: torch.Tensor | None
-    w_kv: torch.Tensor | None  # routed: [K; V] = [2 Hk*d, D]
-    b_kv: torch.Tensor | None
-    wo: torch.Tensor  # [D, Hq*d]
-    bo: torch.Tensor | None
-    q_norm: torch.Tensor | None  # [d] (Qwen3)
-    k_norm: torch.Tensor | None
-    ln_ffn: torch.Tensor  # [D]
-    w_gate_up: torch.Tensor | None  # dense: [gate; up] = [2 D', D]
-    w_gate: torch.Tensor | None  # routed: [D', D] each
-    w_up: torch.Tensor | None
-    w_down: torch.Tensor  # [D, D']
-    head_attn: tuple | None  # routed: the attention router folded for inference (Router.fold)
-    head_ffn: tuple | None  # routed: the FFN router folded for inference
-    # routed: constant biases added after O / down (the routers' out_bias: static width's compensation)
-    out_bias_attn: torch.Tensor | None = None  # [D]
-    out_bias_ffn: torch.Tensor | None = None  # [D]
-
-
 # The routed attention kernels' tiles fit shared memory for fp16 / fp32 only up to this head_dim.
 MAX_HEAD_DIM_WIDE_DTYPES = 64
-
-
-class StepConfig(NamedTuple):
-    """The static (Python) side of a layer step: a compiled step specialises on these values."""
-
-    routed: bool
-    decode: bool
-    n_q: int
-    n_kv: int
-    head_dim: int
-    g_attn: int
-    g_ffn: int
-    eps: float
-    qk_eps: float
-    force_k: str | None  # GEMM-K path forced for O and down (None: the plan's choice)
-    router_residual: bool  # the routers read the residual stream, not its norm (WideConfig.router_input)
-    ffn_router_from_layer: bool  # the FFN router reads the layer's input (WideConfig.ffn_router_source)
-    # expected skipped fractions (bucketed: ``K.sparsity_bucket``), what ``K.plan`` reads per decision
-    attn_sparsity_hint: float | None = None
-    ffn_sparsity_hint: float | None = None
-
-
-class Masks(NamedTuple):
-    """One layer's execute masks (None: dense, or not decided yet)."""
-
-    attn: torch.Tensor | None  # [B, T, Hk]
-    ffn: torch.Tensor | None  # [B, T, N_G]
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [B, T, H, d]; cos, sin: [B, T, d]."""
-    c, s = cos[:, :, None, :].to(x.dtype), sin[:, :, None, :].to(x.dtype)
-    return x * c + rotate_half(x) * s
-
-
-def _attention(
-    x: torch.Tensor,
-    cos,
-    sin,
-    pos,
-    lens,
-    w: LayerWeights,
-    ck: torch.Tensor,
-    cv: torch.Tensor,
-    st: StepConfig,
-) -> tuple[torch.Tensor, Masks]:
-    """x: [B, T, D] -> (attention block output [B, T, D], this layer's masks: the attention router's on this
-    layer's input, and the FFN's too when it reads the layer input; None when dense or not decided here) and
-    writes this layer's K/V into the cache."""
-    b, t, _ = x.shape
-    h2 = rms_norm(x, w.ln_attn, st.eps).reshape(b * t, -1)  # [M, D]
-    kv_width = st.n_kv * st.head_dim
-    ffn_mask = None
-    if st.routed:
-        rin = x if st.router_residual else h2.view(b, t, -1)  # [B, T, D]: what the routers read
-        mask, ffn_mask = decide(rin, w.head_attn, w.head_ffn if st.ffn_router_from_layer else None)
-        k, v = F.linear(h2, w.w_kv, w.b_kv).split([kv_width, kv_width], dim=-1)  # [M, Hk*d] each
-        plan = K.plan(b * t, st.g_attn, mask.shape[-1], st.attn_sparsity_hint, force_k=st.force_k)
-        route = K.plan_route(mask, plan)
-        # Q's inactive heads stay unspecified: attention ignores them
-        q = K.routed_gemm_mn(h2, w.wq, route, st.g_attn, zero_inactive=False)
-        if w.bq is not None:  # bias only where the group runs (inactive outputs stay 0)
-            q = q + w.bq * mask.reshape(b * t, -1).repeat_interleave(st.g_attn, dim=-1).to(q.dtype)
-    else:
-        mask, route = None, None
-        q, k, v = F.linear(h2, w.w_qkv, w.b_qkv).split([st.n_q * st.head_dim, kv_width, kv_width], dim=-1)
-    k = k.reshape(b, t, st.n_kv, st.head_dim)
-    v = v.reshape(b, t, st.n_kv, st.head_dim)
-    q = q.reshape(b, t, st.n_q, st.head_dim)
-    if w.q_norm is not None:  # Qwen3
-        q, k = rms_norm(q, w.q_norm, st.qk_eps), rms_norm(k, w.k_norm, st.qk_eps)
-    q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-    bidx = torch.arange(b, device=x.device)[:, None]
-    ck.index_put_((bidx, pos), k)  # ck, cv: [B_max, S, Hk, d]
-    cv.index_put_((bidx, pos), v)
-    if st.decode:
-        m = mask[:, 0] if mask is not None else torch.ones(b, st.n_kv, dtype=torch.bool, device=x.device)
-        o = K.routed_attention_decode(q[:, 0], ck[:b], cv[:b], lens + 1, m).unsqueeze(1)  # [B, 1, Hq, d]
-    elif st.routed:
-        o = K.routed_attention_prefill(q, ck[:b, :t], cv[:b, :t], mask, route=route)
-    else:
-        o = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
-        ).transpose(1, 2)
-    o2 = o.reshape(b * t, -1)  # [M, Hq * d]
-    if st.routed:
-        y = K.routed_gemm_k(o2, w.wo, route, st.g_attn, x_zeroed=True)
-    else:
-        y = F.linear(o2, w.wo)
-    if w.bo is not None:
-        y = y + w.bo
-    if w.out_bias_attn is not None:
-        y = y + w.out_bias_attn
-    return y.view(b, t, -1), Masks(mask, ffn_mask)
-
-
-def decide(
-    rin: torch.Tensor, head_attn: tuple | None, head_ffn: tuple | None
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """rin: [..., D] -> the attention router's mask [..., Hk] and, given its head, the FFN router's [..., N_G] on
-    the same input (one launch for both: ``router_decisions_pair``); (None, None) without routers (dense).
-    Both runtime paths decide through it."""
-    if head_attn is None:
-        return None, None
-    if head_ffn is None:
-        return K.router_decisions(rin, *head_attn), None
-    return K.router_decisions_pair(rin, head_attn, head_ffn)
-
-
-def _ffn(
-    x: torch.Tensor, w: LayerWeights, st: StepConfig, mask: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """x: [B, T, D] -> (FFN block output [B, T, D], execute mask [B, T, N_G] or None when dense); ``mask``:
-    the decisions already taken from the layer input (ffn_router_from_layer), else the router reads x's."""
-    b, t, _ = x.shape
-    h2 = rms_norm(x, w.ln_ffn, st.eps).reshape(b * t, -1)
-    if st.routed:
-        if mask is None:
-            mask = K.router_decisions(x if st.router_residual else h2.view(b, t, -1), *w.head_ffn)  # [B, T, N_G]
-        plan = K.plan(b * t, st.g_ffn, mask.shape[-1], st.ffn_sparsity_hint, force_k=st.force_k)
-        route = K.plan_route(mask, plan)
-        a = K.routed_swiglu(h2, w.w_gate, w.w_up, route, st.g_ffn)  # zeros if inactive
-        y = K.routed_gemm_k(a, w.w_down, route, st.g_ffn, x_zeroed=True)
-        if w.out_bias_ffn is not None:
-            y = y + w.out_bias_ffn
-    else:
-        gate, up = F.linear(h2, w.w_gate_up).chunk(2, dim=-1)  # [M, D'] each, one GEMM
-        y = F.linear(F.silu(gate) * up, w.w_down)
-    return y.view(b, t, -1), mask
-
-
-def layer_step(
-    x: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    pos: torch.Tensor,
-    lens: torch.Tensor,
-    w: LayerWeights,
-    ck: torch.Tensor,
-    cv: torch.Tensor,
-    st: StepConfig,
-) -> tuple[torch.Tensor, Masks]:
-    """One decoder layer: x [B, T, D] at positions pos [B, T] (cos/sin [B, T, d]; lens [B]: cached
-    tokens before this step) -> (x [B, T, D], this layer's execute masks, None when dense). Tensors only
-    (plus the static ``st``), so that one compiled step serves every layer."""
-    a, masks = _attention(x, cos, sin, pos, lens, w, ck, cv, st)
-    x = x + a
-    f, ffn_mask = _ffn(x, w, st, masks.ffn)
-    return x + f, Masks(masks.attn, ffn_mask)
 
 
 def _rows(t: torch.Tensor | None, lo: int, hi: int | None) -> torch.Tensor | None:
@@ -378,6 +200,8 @@ class WideRuntime:
             fused_decode = p.is_cuda and fused_unsupported(self, max_batch) is None
         self.fused_layers = None  # fused_decode: decode runs wide.runtime.fused (<= 6 launches per layer)
         self.router_stream = None  # the fused step's side stream for the routers (fused_decode_step)
+        # the last fused decode step's masks per routed layer (attention [B, Hk], FFN [B, G]; benchmarks read them)
+        self.fused_masks: list[tuple[torch.Tensor, torch.Tensor | None]] = []
         if fused_decode:
             check_fused(self, max_batch)
             self.fused_layers = build_fused_layers(self)
@@ -521,7 +345,8 @@ class WideRuntime:
         if self.fused_layers is not None:
             from wide.runtime.fused import fused_decode_step
 
-            logits = fused_decode_step(self, ids, pos)
+            # under CUDA-graph capture the masks are the graph's outputs, refreshed by every replay
+            logits, self.fused_masks = fused_decode_step(self, ids, pos)
         else:
             logits = self._forward(ids, pos, decode=True)
         self.cache.lens[:b] += 1
