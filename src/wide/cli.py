@@ -374,7 +374,7 @@ def cmd_refit(a: argparse.Namespace) -> int:
     ds, data = _training_data(a, tok, a.seq_len)
     order = DataOrder(len(ds), a.batch_size, seed=a.seed)
     batches = [ds.batch(order.next_batch()) for _ in range(a.batches)]
-    summary = dict(getattr(wm, "training_summary", {}) or {})
+    summary = dict(wm.training_summary)
     # the rates training ran at: under the offsets it sampled with (stage 2: the stage-1 fit's)
     fit = fit_thresholds(wm, batches, device, a.mode, trained_bias_of(summary.get("skip_bias_fit")))
     summary["skip_bias_fit"] = fit

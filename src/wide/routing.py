@@ -8,8 +8,6 @@ from typing import Literal
 import torch
 import torch.nn as nn
 
-from wide.config import WideConfig
-
 RoutingMode = Literal["gumbel", "argmax", "dense"]
 EXECUTE, SKIP = 0, 1
 
@@ -114,18 +112,6 @@ def masked_mean(x: torch.Tensor, token_mask: torch.Tensor | None) -> torch.Tenso
         return x.float().mean()
     w = token_mask.to(x.dtype).unsqueeze(-1).expand_as(x)
     return (x * w).sum() / w.sum().clamp_min(1)
-
-
-def sparsity_loss(attn_skip: torch.Tensor, ffn_skip: torch.Tensor, config: WideConfig) -> torch.Tensor:
-    """α·|S − mean_l ½(skip_attn_l + skip_ffn_l)| (eq. 6), or with separate targets
-    α/2·(|S_a − mean skip_attn| + |S_f − mean skip_ffn|) (eq. 22). Inputs: per-layer rates [L]."""
-    if config.separate_targets:
-        return (
-            config.alpha
-            / 2
-            * ((config.attn_sparsity - attn_skip.mean()).abs() + (config.ffn_sparsity - ffn_skip.mean()).abs())
-        )
-    return config.alpha * (config.sparsity - 0.5 * (attn_skip + ffn_skip).mean()).abs()
 
 
 def fit_skip_bias(margins: torch.Tensor, target_rate: float) -> float:

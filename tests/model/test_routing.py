@@ -12,7 +12,8 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from tests.conftest import tiny_model
 from wide.config import WideConfig
 from wide.model import WideModel
-from wide.routing import Router, fit_skip_bias, hard_gumbel_execute, sparsity_loss, split_router_groups
+from wide.routing import Router, fit_skip_bias, hard_gumbel_execute, split_router_groups
+from wide.target import sparsity_loss
 
 
 def test_router_shapes_and_modes():

@@ -9,10 +9,10 @@ from tests.conftest import tiny_model
 from wide.config import WideConfig
 from wide.kernels import router_decisions
 from wide.model import WideModel, load_routers, save_routers
-from wide.model.checkpoint import FittedRates
 from wide.paths import SHIPPED_ROUTERS
 from wide.runtime import GraphedPrefill, WideRuntime, generate
 from wide.runtime.model import fuse_linears
+from wide.target import FittedRates
 
 
 def _routed(family: str, sparsity=0.5, seed=0, router_input="normed", source="block"):
@@ -305,11 +305,11 @@ def test_attention_sparsity_hint_defaults_to_the_target_and_is_checked():
         WideRuntime(wm, max_batch=1, max_seq=8, attn_sparsity_hint=[0.5])
     # a calibrated checkpoint's recorded per-layer rates are the default
     fit = {"attn0": 0.65, "ffn0": 0.1, "attn1": 0.1}
-    wm.fitted_rates = FittedRates.from_training({"skip_bias_fit": {"argmax_skip_after": fit}}, 2)
+    wm.record_training({"skip_bias_fit": {"argmax_skip_after": fit}})
     assert wm.fitted_rates == FittedRates(attn=[0.65, 0.1], ffn=None)  # ffn1 missing: no FFN rates
     assert WideRuntime(wm, max_batch=1, max_seq=8).attn_sparsity_hints == [0.65, 0.1]
     assert WideRuntime(wm, max_batch=1, max_seq=8).ffn_sparsity_hints == [0.5, 0.5]  # the target
-    wm.fitted_rates = FittedRates(attn=[0.65, 0.1], ffn=[0.1, 0.3])
+    wm.record_training({"skip_bias_fit": {"argmax_skip_after": {**fit, "ffn0": 0.1, "ffn1": 0.3}}})
     assert WideRuntime(wm, max_batch=1, max_seq=8).ffn_sparsity_hints == [0.1, 0.3]
     assert FittedRates.from_training({}, 2) is None and FittedRates.from_training({"skip_bias_fit": {}}, 2) is None
 

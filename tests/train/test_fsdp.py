@@ -108,7 +108,7 @@ def _terms_inputs(rank: int):
 
 def _global_terms_grads(rank: int) -> dict[str, torch.Tensor]:
     """One rank's loss value and gradients through global_batch_terms."""
-    from wide.routing import sparsity_loss
+    from wide.target import sparsity_loss
     from wide.train.distributed import global_batch_terms
 
     a, f, lm, labels, mask, _ = _terms_inputs(rank)
@@ -124,7 +124,7 @@ def _global_terms_grads(rank: int) -> dict[str, torch.Tensor]:
 def _check_global_terms(r0: dict, r1: dict) -> None:
     """Against one process over the concatenated batch: the same sparsity loss on every rank, the ranks'
     mean LM term is the global mean, and each rank's gradient / 2 (the rank average) is the global one."""
-    from wide.routing import sparsity_loss
+    from wide.target import sparsity_loss
 
     attn, ffn, lm, labels, mask = _terms_inputs(0)[5]
     attn, ffn, lm = attn.clone().requires_grad_(), ffn.clone().requires_grad_(), lm.clone().requires_grad_()

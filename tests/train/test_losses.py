@@ -13,14 +13,8 @@ from tests.conftest import tiny_model
 from wide.accounting import FlopModel
 from wide.config import ModelDims, WideConfig, WideConfigError
 from wide.model import WideModel
-from wide.train.losses import (
-    chunked_kl_loss,
-    flop_weights,
-    model_flop_weights,
-    routing_sparsity_loss,
-    task_loss,
-    teacher_hidden,
-)
+from wide.target import flop_weights, model_flop_weights, routing_sparsity_loss
+from wide.train.losses import chunked_kl_loss, task_loss, teacher_hidden
 
 
 def _batch(b=3, t=11, pad_row=1, pad_from=8):

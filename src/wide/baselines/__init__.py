@@ -37,12 +37,11 @@ def build(model: nn.Module, config: WideConfig, *, base_model_id: str | None = N
         from wide.baselines.teal import TealModel
 
         return TealModel(model, config, base_model_id=base_model_id)
-    wm = WideModel(model, config, base_model_id=base_model_id)
     if config.method == "static-width":
-        from wide.baselines.static_width import use_static_meter
+        from wide.baselines.static_width import StaticWidthMeter
 
-        use_static_meter(wm)
-    return wm
+        return WideModel(model, config, base_model_id=base_model_id, meter_cls=StaticWidthMeter)
+    return WideModel(model, config, base_model_id=base_model_id)
 
 
 def load(model: nn.Module, ckpt_dir: str | Path, *, strict_base: bool = True):
@@ -58,8 +57,7 @@ def load(model: nn.Module, ckpt_dir: str | Path, *, strict_base: bool = True):
         return load_routers(model, ckpt_dir, strict_base=strict_base)
     if config.method in ("layer-skip", "static-width"):
         plain = load_routers(model, ckpt_dir, strict_base=strict_base)  # the checks; then rebuild as the method
-        state, summary = plain.routers.state_dict(), getattr(plain, "training_summary", {})
-        fitted = getattr(plain, "fitted_rates", None)
+        state, summary = plain.routers.state_dict(), plain.training_summary
         plain.detach()
     else:  # teal: thresholds, no routers
         saved = ModelDims(**meta["model_dims"])
@@ -74,7 +72,6 @@ def load(model: nn.Module, ckpt_dir: str | Path, *, strict_base: bool = True):
         from wide.model.checkpoint import WEIGHTS_NAME
 
         state, summary = load_file(str(Path(ckpt_dir) / WEIGHTS_NAME)), meta.get("training", {})
-        fitted = None
     wm = build(model, config, base_model_id=meta.get("base_model"))
     attach_out_biases(wm, state, ckpt_dir)  # static width's bias compensation, if any
     try:
@@ -82,8 +79,7 @@ def load(model: nn.Module, ckpt_dir: str | Path, *, strict_base: bool = True):
     except RuntimeError as e:
         wm.detach()
         raise CheckpointMismatchError(f"tensors of {ckpt_dir} do not match a {config.method} model: {e}") from None
-    wm.training_summary = summary
-    wm.fitted_rates = fitted  # what load_routers sets: the runtime plans its kernel paths on it
+    wm.record_training(summary)  # as load_routers does: the runtime plans its kernel paths on the fitted rates
     return wm
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from wide.accounting import FlopModel, SparsityMeter
+from wide.accounting import SparsityMeter
 from wide.model.wide_model import WideModel, decoder_layers
 
 
@@ -46,8 +46,7 @@ class LayerSkipModel(WideModel):
     def __init__(self, model: nn.Module, config, *, base_model_id: str | None = None):
         if config.method != "layer-skip":
             raise ValueError(f"LayerSkipModel needs a config with method='layer-skip', got {config.method!r}")
-        super().__init__(model, config, base_model_id=base_model_id)
-        self.meter = TiedMeter(FlopModel(self.dims, self.shape, config.router_rank), self.meter.device)
+        super().__init__(model, config, base_model_id=base_model_id, meter_cls=TiedMeter)
         self._tie_handles = [
             layer.post_attention_layernorm.register_forward_hook(self._tie_hook(i))
             for i, layer in enumerate(decoder_layers(model))

@@ -29,11 +29,11 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from wide.accounting import FlopModel, SparsityMeter
+from wide.accounting import SparsityMeter
 from wide.config import WideConfig
 from wide.model.wide_model import WideModel, decoder_layers
 from wide.routing import EXECUTE, SKIP, Router
-from wide.train.losses import FlopWeights, flop_weights
+from wide.target import FlopWeights, flop_weights
 
 ALLOCATIONS = ("standardized", "global", "uniform")
 CONSTANT_LOGIT = 30.0  # |skip − execute| logit of a constant router: Gumbel noise flips it with p = 1/(1+e^30)
@@ -62,11 +62,6 @@ class StaticWidthMeter(SparsityMeter):
         self.saved_flops += (skip_frac * f.attn_dense_linear * w).sum()
         if layer == 0:
             self.saved_flops += f.routers_per_layer * f.dims.n_layers * w.sum()
-
-
-def use_static_meter(wm: WideModel) -> WideModel:
-    wm.meter = StaticWidthMeter(FlopModel(wm.dims, wm.shape, wm.config.router_rank), wm.meter.device)
-    return wm
 
 
 def set_constant_routes(router: Router, skip: torch.Tensor) -> None:

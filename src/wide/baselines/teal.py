@@ -36,7 +36,7 @@ import torch.nn as nn
 from wide.accounting import FlopModel
 from wide.config import ModelDims, WideConfig
 from wide.model.wide_model import decoder_layers, model_id_of
-from wide.train.losses import flop_weights
+from wide.target import FittedRates, TrainingRecord, flop_weights
 
 SITES = ("qkv", "o", "gateup", "down")
 # (site, module path in the layer, whether this module's hook records the site in the meter)
@@ -134,7 +134,7 @@ class TealThresholds(nn.Module):
         self.register_buffer("thresholds", torch.zeros(len(SITES), dtype=torch.float32))
 
 
-class TealModel(nn.Module):
+class TealModel(TrainingRecord, nn.Module):
     """A Hugging Face causal LM with TEAL thresholding hooks on its linear inputs.
 
     The WideModel interface the evaluation uses: model, config, meter, metering, start_meter /
@@ -155,6 +155,8 @@ class TealModel(nn.Module):
         self.mode = "argmax"
         self.meter = TealMeter(FlopModel(self.dims, self.shape, config.router_rank), device)
         self.metering = False
+        self.training_summary: dict = {}  # the checkpoint's training record (record_training)
+        self.fitted_rates: FittedRates | None = None  # thresholds, no fit: stays None
         self._collect: dict | None = None  # calibration: site -> list of |x| samples
         self._handles = []
         for i, layer in enumerate(layers):

@@ -26,28 +26,6 @@ class CheckpointMismatchError(ValueError):
     """A router checkpoint that does not fit the model it is loaded into."""
 
 
-@dataclasses.dataclass(frozen=True)
-class FittedRates:
-    """Per-layer skip rates a checkpoint's threshold fit recorded (argmax skips after the fit), per kind;
-    None for a kind the fit did not record for every layer. ``WideRuntime`` plans its kernel paths on them."""
-
-    attn: list[float] | None
-    ffn: list[float] | None
-
-    @classmethod
-    def from_training(cls, training: dict, n_layers: int) -> FittedRates | None:
-        """From a checkpoint's ``training`` record (``skip_bias_fit.argmax_skip_after``: ``attn0`` ... ->
-        rate); None when it has no fit."""
-        fit = (training.get("skip_bias_fit") or {}).get("argmax_skip_after") or {}
-        per_kind = {
-            kind: [float(fit[f"{kind}{i}"]) for i in range(n_layers)]
-            if all(f"{kind}{i}" in fit for i in range(n_layers))
-            else None
-            for kind in ("attn", "ffn")
-        }
-        return None if per_kind["attn"] is None and per_kind["ffn"] is None else cls(**per_kind)
-
-
 def versions() -> dict[str, str]:
     import transformers
 
@@ -254,6 +232,5 @@ def load_routers(model: nn.Module, ckpt_dir: str | Path, *, strict_base: bool = 
             f"shape mismatches={bad[:5]}"
         )
     wm.routers.load_state_dict(state)
-    wm.training_summary = meta.get("training", {})
-    wm.fitted_rates = FittedRates.from_training(wm.training_summary, dims.n_layers)
+    wm.record_training(meta.get("training", {}))
     return wm

@@ -23,6 +23,7 @@ import torch.nn as nn
 from wide.accounting import FlopModel, SparsityMeter
 from wide.config import ModelDims, RoutingShape, WideConfig
 from wide.routing import Router, RoutingMode, hard_gumbel_execute, masked_mean
+from wide.target import FittedRates, TrainingRecord
 
 SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -73,14 +74,22 @@ class _Slot:
         self.layer, self.router, self.masks = layer, router, masks
 
 
-class WideModel(nn.Module):
+class WideModel(TrainingRecord, nn.Module):
     """A Hugging Face causal LM with WIDE routers attached in place.
 
     After construction, calling either `wide_model(...)` or the base model itself runs routed.
     `mode`: "argmax" (inference, default), "gumbel" (training), "dense" (routers bypassed).
     """
 
-    def __init__(self, model: nn.Module, config: WideConfig, *, base_model_id: str | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        config: WideConfig,
+        *,
+        base_model_id: str | None = None,
+        meter_cls: type[SparsityMeter] = SparsityMeter,
+    ):
+        """``meter_cls``: the accounting of the method (a baseline's own meter; same constructor)."""
         super().__init__()
         layers = decoder_layers(model)
         self.model = model
@@ -93,8 +102,10 @@ class WideModel(nn.Module):
         self.mode: RoutingMode = "argmax"
         # τ lives in a tensor updated in place, so compiled layers read it instead of guarding on it
         self.register_buffer("_tau", torch.tensor(float(config.tau_start), device=device), persistent=False)
-        self.meter = SparsityMeter(FlopModel(self.dims, self.shape, config.router_rank), device)
+        self.meter = meter_cls(FlopModel(self.dims, self.shape, config.router_rank), device)
         self.metering = False
+        self.training_summary: dict = {}  # a loaded checkpoint's training record (record_training)
+        self.fitted_rates: FittedRates | None = None  # its threshold fit's per-layer rates (wide.target)
         self.token_mask: torch.Tensor | None = None  # [B, T] bool: real tokens of the current batch
         self.last_masks: list[dict[str, torch.Tensor]] = [{} for _ in layers]  # execute masks [B, T, N_G]
         self._handles: list = []
@@ -250,6 +261,12 @@ class WideModel(nn.Module):
             yield self
         finally:
             self.mode, self.tau = old
+
+    def meter_to(self, device: torch.device) -> None:
+        """Keep the sparsity accounting on ``device`` (a fresh meter of the same class: it holds no history
+        before a run starts it)."""
+        if self.meter.device != device:
+            self.meter = type(self.meter)(self.meter.flops, device)
 
     def start_meter(self) -> SparsityMeter:
         """Reset and enable the sparsity meter for the forwards that follow."""

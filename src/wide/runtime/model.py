@@ -39,9 +39,9 @@ import torch
 
 from wide import kernels as K
 from wide.config import NO_GROUP_ROUTERS
-from wide.model.checkpoint import FittedRates
 from wide.model.wide_model import WideModel, decoder_layers
 from wide.runtime.layer import LayerWeights, StepConfig, layer_step
+from wide.target import planned_rates
 
 
 @dataclass
@@ -242,14 +242,7 @@ class WideRuntime:
         else the config's target."""
         name = f"{kind}_sparsity_hint"
         if hint is None:
-            rates: FittedRates | None = getattr(self.wm, "fitted_rates", None)  # set by load_routers
-            fitted = getattr(rates, kind) if rates is not None else None
-            if fitted is not None and len(fitted) == n_layers:
-                hint = fitted
-            else:
-                cfg = self.wm.config
-                own = getattr(cfg, f"{kind}_sparsity")
-                hint = own if own is not None else cfg.sparsity
+            hint = planned_rates(self.wm.fitted_rates, self.wm.config, kind, n_layers)
         hints = [float(hint)] * n_layers if isinstance(hint, (int, float)) else [float(h) for h in hint]
         if len(hints) != n_layers:
             raise ValueError(f"{name} has {len(hints)} values for {n_layers} layers")

@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 from wide.config import WideConfig
 from wide.model.checkpoint import CONFIG_NAME, WEIGHTS_NAME, atomic_write_bytes, load_tensors, save_routers
 from wide.model.wide_model import WideModel
+from wide.target import model_flop_weights, routing_sparsity_loss
 from wide.train.distributed import all_reduce_mean_, barrier, broadcast_, global_batch_terms, rank_seed, shard
 from wide.train.distributed import world as dist_world
 from wide.train.fsdp import (
@@ -45,7 +46,7 @@ from wide.train.fsdp import (
     perf_fields,
     prepare_model,
 )
-from wide.train.losses import model_flop_weights, routing_sparsity_loss, task_loss, teacher_hidden
+from wide.train.losses import task_loss, teacher_hidden
 from wide.train.threshold_fit import FIT_MODES, fit_thresholds, skip_biases
 
 STATE_NAME = "trainer_state.safetensors"  # tensors + a JSON header (safetensors metadata): no pickle

@@ -125,8 +125,7 @@ def shard_model(wm, device: torch.device, *, cpu_offload: bool = False) -> None:
             mod.to(device)
     wm.routers.to(device)
     wm.register_buffer("_tau", wm._tau.to(device), persistent=False)
-    if wm.meter.device != device:  # same meter class (a baseline's own accounting), on device
-        wm.meter = type(wm.meter)(wm.meter.flops, device)
+    wm.meter_to(device)  # same meter class (a baseline's own accounting), on device
 
 
 def prepare_model(wm, pc: ParallelConfig, device: torch.device) -> None:
