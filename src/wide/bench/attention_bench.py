@@ -206,39 +206,3 @@ def run_attention_bench(quick: bool = False) -> list[dict]:
         rows += bench_decode(b, c, sp)
         torch.cuda.empty_cache()
     return rows
-
-
-def sweep_configs(out: list | None = None) -> list[dict]:
-    """Time launch configurations of the routed kernels (for tuning the defaults)."""
-    out = [] if out is None else out
-    prefill_cfgs = [
-        (128, 64, 8, 3),
-        (128, 128, 8, 3),
-        (128, 64, 4, 3),
-        (128, 64, 8, 4),
-        (128, 128, 8, 2),
-        (64, 64, 4, 3),
-    ]
-    for cfg in prefill_cfgs:
-        for b, t in ((1, 4096), (1, 16384)):
-            try:
-                rows = bench_prefill(b, t, (0.0, 0.5), config=cfg)
-            except Exception as e:  # config does not compile / fit
-                out.append({"kind": "sweep_prefill", "cfg": cfg, "T": t, "error": repr(e)[:300]})
-                continue
-            for r in rows:
-                keep = ("sparsity", "wide_kernel_ms", "dense_ms", "wide_ms", "reorder_ms", "baseline")
-                out.append({"kind": "sweep_prefill", "cfg": cfg, "T": t, **{x: r[x] for x in keep}})
-            print(out[-1], flush=True)
-    for cfg in [(64, 4, 3), (128, 4, 3), (64, 4, 5), (128, 8, 3)]:
-        for waves in (2, 4):
-            for b, c in ((1, 4096), (16, 4096), (64, 4096), (1, 32768), (16, 32768), (64, 32768)):
-                try:
-                    r = bench_decode(b, c, (0.5,), config=cfg, waves=waves)[0]
-                except Exception as e:
-                    out.append({"kind": "sweep_decode", "cfg": cfg, "error": repr(e)[:300]})
-                    continue
-                keep = ("B", "ctx", "wide_ms", "dense_ms", "baseline")
-                out.append({"kind": "sweep_decode", "cfg": cfg, "waves": waves, **{x: r[x] for x in keep}})
-            print(out[-1], flush=True)
-    return out
