@@ -1,4 +1,4 @@
-"""Torch references of routed attention (same semantics as the Triton kernels in `attention.py`).
+"""Torch references of routed attention (same semantics as the Triton kernels in `ops.py`).
 
 Routing is one decision per KV-head group: mask [B, Tq, Hk] (prefill) or [B, Hk] (decode), True =
 execute. A skipped (b, t, g) gives output 0 for all Hq/Hk query heads of group g. K/V stay dense.

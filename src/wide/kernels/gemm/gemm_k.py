@@ -28,9 +28,9 @@ from .._triton_utils import (
     tma_supported,
     use_triton,
 )
+from ..route.contract import route_plan, validate_route
 from ..route.reorder import RouteIndex, pattern_order, route_mask
 from .dense_mid import masked_dense_gemm_k
-from .gemm_mn import route_plan, validate_route
 from .reference import routed_gemm_k_ref
 from .small_m import small_gemm_k
 

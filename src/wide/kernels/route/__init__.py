@@ -1,10 +1,12 @@
 """The route contract: one routing decision's plan (which kernel path each operator takes) and the route that
 carries it (the mask, and the reorder index only where the sorted GEMM-MN needs it).
 
-``plan.py`` is the one launch policy for the routed GEMMs (docs/kernels.md#path-policy); ``reorder.py`` builds
-the route (``plan_route``) and the row orders it may carry. Every op of a decision reads the same route.
+``plan.py`` is the one launch policy for the routed GEMMs (docs/kernels.md#path-policy); ``reorder.py`` builds the
+route (``plan_route``) and the row orders it may carry; ``contract.py`` is what every op checks of the route it is
+handed and where it takes its path from. Every op of a decision reads the same route.
 """
 
+from wide.kernels.route.contract import route_plan, validate_route
 from wide.kernels.route.plan import (
     K_PATHS,
     MN_PATHS,
@@ -42,5 +44,7 @@ __all__ = [
     "reorder",
     "reorder_reference",
     "route_mask",
+    "route_plan",
     "sparsity_bucket",
+    "validate_route",
 ]
