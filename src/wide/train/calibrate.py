@@ -687,11 +687,12 @@ def calibrate(
     A ValueError stops a step whose loss or router gradients are not finite, before the optimizer applies
     it: no checkpoint ever holds its weights."""
     lock = run_lock(out_dir) if dist_world()[0] == 0 else contextlib.nullcontext()
-    with lock:
-        return _calibrate(wm, dataset, tc, Path(out_dir), resume, overwrite, progress, adapter, device, resume_anyway)
+    with lock, contextlib.ExitStack() as scope:  # scope: closes the progress bar before an error is shown
+        args = (resume, overwrite, progress, adapter, device, resume_anyway, scope)
+        return _calibrate(wm, dataset, tc, Path(out_dir), *args)
 
 
-def _calibrate(wm, dataset, tc, out, resume, overwrite, progress, adapter, device, resume_anyway) -> dict:
+def _calibrate(wm, dataset, tc, out, resume, overwrite, progress, adapter, device, resume_anyway, scope) -> dict:
     from wide.train.data import DataError, DataOrder
 
     device = device or next(wm.model.parameters()).device
@@ -777,6 +778,7 @@ def _calibrate(wm, dataset, tc, out, resume, overwrite, progress, adapter, devic
     flop_w = model_flop_weights(wm, tc.seq_len) if cfg.sparsity_kind == "flops" else None  # FLOP-weighted target
     wm.mode = "gumbel"
     bar = tqdm(total=tc.steps, initial=start, disable=not progress or rank > 0, desc="calibrate", dynamic_ncols=True)
+    scope.enter_context(bar)
     t0 = time.perf_counter() - log_state["elapsed"]
     for step in range(start, tc.steps):
         wm.tau = cfg.tau_at(step, tc.steps)
