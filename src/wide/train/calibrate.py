@@ -7,13 +7,14 @@ step, data position, RNG). After the last step the per-router skip offsets are f
 argmax routing skips at the rate the model was trained under (Gumbel-time rate), closing the
 Gumbel/argmax gap.
 
-Run directory (``out_dir``): ``wide_run.json`` (the run manifest: the checkpoints this run wrote, of
-which pruning touches only those, and what the result depends on beyond the settings: dtype, device kind,
-the data's content hash, versions; see ``run_provenance``), ``.wide-lock`` while a process writes there
-(one writer per folder, `wide.train.run_lock`), ``checkpoint-{step}/`` (routers + ``trainer_state.safetensors``: tensors
-plus a JSON header, never a pickle), ``latest``, ``train_log.jsonl`` and the final routers. A fresh
-run refuses a non-empty directory unless ``overwrite``; ``resume`` refuses any change of a setting
-that shapes training (see ``check_out_dir``) and, unless ``resume_anyway``, any change of the provenance.
+Run directory (``out_dir``, docs/training.md#run-folders): ``wide_run.json`` (the run manifest: the
+checkpoints this run wrote, of which pruning touches only those, and what the result depends on beyond
+the settings: dtype, device kind, the data's content hash, versions; see ``run_provenance``),
+``.wide-lock`` while a process writes there (one writer per folder, `wide.train.run_lock`),
+``checkpoint-{step}/`` (routers + ``trainer_state.safetensors``: tensors plus a JSON header, never a
+pickle), ``latest``, ``train_log.jsonl`` and the final routers. A fresh run refuses a non-empty directory
+unless ``overwrite``; ``resume`` refuses any change of a setting that shapes training (see
+``check_out_dir``) and, unless ``resume_anyway``, any change of the provenance.
 A step whose loss or router gradients are not finite stops the run before the optimizer applies it.
 """
 
