@@ -136,9 +136,8 @@ def test_calibrate_init_routers_warm_starts(tiny_dir, text_file, tmp_path, capsy
 
 
 def test_cli_errors_are_clear(tiny_dir, tmp_path, capsys):
-    rc = cli(
-        "calibrate", "--model", tiny_dir, "--data", tmp_path / "missing.jsonl", "--steps", 1, "--out", tmp_path / "o"
-    )
+    missing = ("--data", tmp_path / "missing.jsonl", "--seq-len", 32)  # a length the tiny model has positions for
+    rc = cli("calibrate", "--model", tiny_dir, *missing, "--steps", 1, "--out", tmp_path / "o")
     assert rc == 2 and "missing.jsonl" in capsys.readouterr().err
     rc = cli(
         "calibrate",

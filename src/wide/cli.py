@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import json
+import math
+import os
+import pickle
 import shutil
 import sys
 import time
@@ -156,12 +160,20 @@ def _check_init_routers(ckpt: str, cfg) -> None:
             raise ValueError(f"--init-routers {ckpt}: its {k} is {theirs!r}, this run's {flag} is {ours!r}{hint}")
 
 
+def _run_lock(out: str):
+    """--out's run lock (wide.train.run_lock), held by rank 0 (the one process writing there)."""
+    import contextlib
+
+    from wide.train.distributed import world
+    from wide.train.run_lock import run_lock
+
+    return run_lock(out) if world()[0] == 0 else contextlib.nullcontext()
+
+
 def cmd_calibrate(a: argparse.Namespace) -> int:
-    from wide.baselines import TRAINING_FREE, build, calibrate_training_free, load
     from wide.config import WideConfig
-    from wide.model import load_model, resolve_model_id
-    from wide.routing import split_router_groups
-    from wide.train.calibrate import calibrate, check_out_dir, seed_everything
+    from wide.model import resolve_model_id
+    from wide.train.calibrate import check_out_dir, run_provenance
 
     method = _method(a)
     device = _train_device(a)
@@ -187,11 +199,27 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
         extra["init_routers"] = str(a.init_routers)
     tc = _train_config(a, data_mode=a.data_mode, fit_mode=a.fit_mode, extra=extra)
     # --out / --resume problems surface before the model and the data load; nothing is written yet
-    check_out_dir(a.out, tc, resume=a.resume, overwrite=a.overwrite, config=cfg, base_model=model_id)
+    check = dict(resume=a.resume, overwrite=a.overwrite, config=cfg, base_model=model_id)
+    check.update(provenance=run_provenance(_dtype(a.dtype, device), device), resume_anyway=a.resume_anyway)
+    check_out_dir(a.out, tc, **check)
+    with _run_lock(a.out):  # one writer per --out, from before the model loads to the end
+        check_out_dir(a.out, tc, **check)  # again, now that no other run can change --out
+        return _calibrate_locked(a, cfg, tc, device)
+
+
+def _calibrate_locked(a: argparse.Namespace, cfg, tc, device: torch.device) -> int:
+    """cmd_calibrate, holding --out's run lock."""
+    from wide.baselines import TRAINING_FREE, build, calibrate_training_free, load
+    from wide.model import check_context, load_model
+    from wide.routing import split_router_groups
+    from wide.train.calibrate import calibrate, seed_everything
+
+    method = cfg.method
     # Weights stay in the model dtype (bf16 on GPU); the routers are fp32 and autocast handles the rest.
     # training-free methods never shard: they score on the training device
     load_device = device if method in TRAINING_FREE else _load_device(a, device)
     model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=load_device)
+    check_context(model, a.seq_len, what="--seq-len")
     start = None
     if a.init_routers:  # warm start: the checkpoint's router tensors (skip offsets included) after its checks
         plain = load(model, a.init_routers)  # dimensions, base model, tensor names and shapes
@@ -217,7 +245,8 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
             compensate=a.bias_compensation,
         )
     else:
-        summary = calibrate(wm, ds, tc, a.out, resume=a.resume, overwrite=a.overwrite, device=device)
+        kw = dict(resume=a.resume, overwrite=a.overwrite, device=device, resume_anyway=a.resume_anyway)
+        summary = calibrate(wm, ds, tc, a.out, **kw)
     summary["data"] = str(data)
     _print_summary(summary)
     return 0
@@ -227,9 +256,9 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
 def cmd_finetune(a: argparse.Namespace) -> int:
     from wide.baselines import load, method_of
     from wide.config import WideConfig
-    from wide.model import load_model, resolve_model_id
+    from wide.model import check_context, load_model, resolve_model_id
     from wide.model.checkpoint import check_checkpoint, has_adapter
-    from wide.train.calibrate import calibrate, check_out_dir, seed_everything
+    from wide.train.calibrate import calibrate, check_out_dir, run_provenance, seed_everything
     from wide.train.lora import apply_lora, check_lora_args
 
     check_lora_args(a.lora_r, a.lora_alpha, a.lora_dropout)  # flag errors first, before any file is read
@@ -247,14 +276,20 @@ def cmd_finetune(a: argparse.Namespace) -> int:
     extra.update(lora_r=a.lora_r, lora_alpha=a.lora_alpha, lora_dropout=a.lora_dropout)
     # static masks are constant routers: nothing to re-fit after training
     tc = _train_config(a, extra=extra, **({"fit_mode": "none"} if method == "static-width" else {}))
-    check_out_dir(a.out, tc, resume=a.resume, overwrite=a.overwrite, config=cfg, base_model=model_id)
-    model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=_load_device(a, device))
-    seed_everything(a.seed)  # LoRA's initialisation draws from the global generator
-    adapter = apply_lora(model, r=a.lora_r, alpha=a.lora_alpha, dropout=a.lora_dropout)
-    wm = load(model, a.routers, strict_base=not a.no_strict_base)  # hooks on the LoRA-wrapped modules
-    wm.config = cfg  # the routers' config with this stage's objective (saved with the adapter)
-    ds, data = _training_data(a, tok, a.seq_len)
-    summary = calibrate(wm, ds, tc, a.out, resume=a.resume, overwrite=a.overwrite, adapter=adapter, device=device)
+    check = dict(resume=a.resume, overwrite=a.overwrite, config=cfg, base_model=model_id)
+    check.update(provenance=run_provenance(_dtype(a.dtype, device), device), resume_anyway=a.resume_anyway)
+    check_out_dir(a.out, tc, **check)
+    with _run_lock(a.out):  # one writer per --out, from before the model loads to the end
+        check_out_dir(a.out, tc, **check)
+        model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=_load_device(a, device))
+        check_context(model, a.seq_len, what="--seq-len")
+        seed_everything(a.seed)  # LoRA's initialisation draws from the global generator
+        adapter = apply_lora(model, r=a.lora_r, alpha=a.lora_alpha, dropout=a.lora_dropout)
+        wm = load(model, a.routers, strict_base=not a.no_strict_base)  # hooks on the LoRA-wrapped modules
+        wm.config = cfg  # the routers' config with this stage's objective (saved with the adapter)
+        ds, data = _training_data(a, tok, a.seq_len)
+        kw = dict(resume=a.resume, overwrite=a.overwrite, device=device, resume_anyway=a.resume_anyway)
+        summary = calibrate(wm, ds, tc, a.out, adapter=adapter, **kw)
     summary["data"], summary["stage1_routers"] = str(data), str(a.routers)
     _print_summary(summary)
     return 0
@@ -311,11 +346,15 @@ def cmd_generate(a: argparse.Namespace) -> int:
     import math
 
     from wide.config import WideConfig
-    from wide.model import WideModel, load_model, load_routers
+    from wide.model import WideModel, check_context, load_model, load_routers
     from wide.runtime import WideRuntime, generate
 
     if a.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {a.max_new_tokens}")
+    try:  # bytes that are not UTF-8 reach argv as lone surrogates
+        a.prompt.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("--prompt is not valid UTF-8 text") from None
     device = _device(a.device)
     model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=device)
     routed = a.routers is not None
@@ -332,6 +371,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
     ids = tok(a.prompt, return_tensors="pt").input_ids.to(device)  # [1, T]
     if ids.shape[1] == 0:
         raise ValueError("the prompt encodes to no tokens")
+    check_context(model, ids.shape[1] + a.max_new_tokens, what=f"--prompt ({ids.shape[1]} tokens) + --max-new-tokens")
     rt = WideRuntime(
         wm,
         max_batch=1,
@@ -361,15 +401,20 @@ def cmd_generate(a: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- refit
 def cmd_refit(a: argparse.Namespace) -> int:
     from wide.baselines import TRAINING_FREE, load, method_of
-    from wide.model import load_model
+    from wide.model import check_context, load_model
     from wide.model.checkpoint import ADAPTER_FILES, has_adapter
+    from wide.paths import check_outside_package
     from wide.train.data import DataOrder
     from wide.train.threshold_fit import fit_thresholds, trained_bias_of
 
     if method_of(a.routers) in TRAINING_FREE:
         raise ValueError(f"--routers {a.routers}: {method_of(a.routers)} has no trained thresholds to re-fit")
+    check_outside_package(a.out, "--out")  # the shipped checkpoints are inputs, never rewritten
+    if a.batches < 1 or a.batch_size < 1 or a.seq_len < 1:
+        raise ValueError("--batches, --batch-size and --seq-len must be >= 1")
     device = _device(a.device)
     model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=device)
+    check_context(model, a.seq_len, what="--seq-len")
     wm = load(model, a.routers)
     ds, data = _training_data(a, tok, a.seq_len)
     order = DataOrder(len(ds), a.batch_size, seed=a.seed)
@@ -381,8 +426,8 @@ def cmd_refit(a: argparse.Namespace) -> int:
     summary.setdefault("refits", []).append(
         {"mode": a.mode, "tokens": a.batches * a.batch_size * a.seq_len, "data": str(data), "device": str(device)}
     )
-    wm.save(a.out or a.routers, training=summary)
-    same = a.out is None or Path(a.out).resolve() == Path(a.routers).resolve()
+    wm.save(a.out, training=summary)
+    same = Path(a.out).resolve() == Path(a.routers).resolve()
     if not same and has_adapter(a.routers):  # the thresholds were fit with the adapter merged: it travels along
         for name in ADAPTER_FILES:
             shutil.copyfile(Path(a.routers) / name, Path(a.out) / name)
@@ -390,7 +435,7 @@ def cmd_refit(a: argparse.Namespace) -> int:
     for when in ("before", "after"):
         d = fit[f"argmax_skip_{when}"]
         print(f"argmax skip {when:>6}: attention {mean(d, 'attn'):.1%}, FFN {mean(d, 'ffn'):.1%}")
-    print(f"wrote {a.out or a.routers}")
+    print(f"wrote {a.out}")
     return 0
 
 
@@ -479,6 +524,10 @@ def _csv(cast, lo, hi):
 _OVERWRITE_HELP = (
     "start a new run in a non-empty --out (WIDE writes its own files there; an earlier WIDE run's are replaced)"
 )
+_RESUME_ANYWAY_HELP = (
+    "with --resume: continue even though the dtype, device kind, data content or versions differ from the "
+    "run's (each change is printed and recorded in wide_run.json; the result is no longer the uninterrupted run's)"
+)
 _NO_STRICT_HELP = "load routers calibrated on another base model of the same dimensions"
 
 
@@ -489,6 +538,17 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if action.default is None or action.default is False:
             return action.help or ""
         return super()._get_help_string(action)
+
+
+def _finite(text: str) -> float:
+    """argparse type: a finite float (NaN and inf pass no range check; the configs check the range)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return v
 
 
 def _routers(text: str) -> str:
@@ -518,7 +578,7 @@ def _add_training_args(p: argparse.ArgumentParser, *, lr: float) -> None:
     p.add_argument("--seq-len", type=int, default=2048, help="tokens per training sequence")
     p.add_argument("--batch-size", type=int, default=16, help="sequences per step (over all ranks under torchrun)")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches accumulated per step")
-    p.add_argument("--lr", type=float, default=lr, help="peak AdamW learning rate (10%% warm-up, cosine decay)")
+    p.add_argument("--lr", type=_finite, default=lr, help="peak AdamW learning rate (10%% warm-up, cosine decay)")
     p.add_argument("--save-every", type=int, default=200, help="write a resumable checkpoint every N steps")
     p.add_argument("--log-every", type=int, default=10, help="append to train_log.jsonl every N steps")
     p.add_argument("--seed", type=int, default=0, help="router / LoRA initialisation, data order, Gumbel noise")
@@ -554,11 +614,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="packed",
         help="packed: documents joined with EOS and cut into full sequences; padded: one document per row",
     )
-    c.add_argument("--sparsity", type=float, default=0.5, help="shared target S (paper eq. 6)")
+    c.add_argument("--sparsity", type=_finite, default=0.5, help="shared target S (paper eq. 6)")
     c.add_argument(
-        "--attn-sparsity", type=float, help="separate attention target (eq. 22, with --ffn-sparsity; default: off)"
+        "--attn-sparsity", type=_finite, help="separate attention target (eq. 22, with --ffn-sparsity; default: off)"
     )
-    c.add_argument("--ffn-sparsity", type=float, help="separate FFN target (eq. 22; default: off)")
+    c.add_argument("--ffn-sparsity", type=_finite, help="separate FFN target (eq. 22; default: off)")
     c.add_argument(
         "--attn-group-size", type=int, help="query heads per attention decision (default: Hq/Hk, or --init-routers')"
     )
@@ -620,9 +680,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="static-width: add the removed groups' mean output as a bias after O / down (FLAP's compensation)",
     )
-    c.add_argument("--alpha", type=float, default=20.0, help="weight of the sparsity loss (paper eq. 6)")
-    c.add_argument("--tau-start", type=float, default=5.0, help="Gumbel-Softmax temperature at step 0")
-    c.add_argument("--tau-end", type=float, default=0.5, help="Gumbel-Softmax temperature at the last step")
+    c.add_argument("--alpha", type=_finite, default=20.0, help="weight of the sparsity loss (paper eq. 6)")
+    c.add_argument("--tau-start", type=_finite, default=5.0, help="Gumbel-Softmax temperature at step 0")
+    c.add_argument("--tau-end", type=_finite, default=0.5, help="Gumbel-Softmax temperature at the last step")
     _add_training_args(c, lr=2e-3)
     c.add_argument(
         "--fit-mode",
@@ -642,6 +702,7 @@ def build_parser() -> argparse.ArgumentParser:
         "are this run's: " + ROUTERS_HELP,
     )
     c.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    c.add_argument("--resume-anyway", action="store_true", help=_RESUME_ANYWAY_HELP)
     c.add_argument("--overwrite", action="store_true", help=_OVERWRITE_HELP)
     c.set_defaults(func=cmd_calibrate)
 
@@ -654,7 +715,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--data-dir", help=DATA_DIR_HELP)
     f.add_argument("--lora-r", type=int, default=16, help="LoRA rank (all seven linear modules)")
     f.add_argument("--lora-alpha", type=int, default=32, help="LoRA alpha")
-    f.add_argument("--lora-dropout", type=float, default=0.1, help="LoRA dropout")
+    f.add_argument("--lora-dropout", type=_finite, default=0.1, help="LoRA dropout")
     f.add_argument(
         "--distill",
         choices=["none", "kl", "kl+lm"],
@@ -666,6 +727,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--device", help=DEVICE_HELP)
     f.add_argument("--out", required=True, help="output: routers + LoRA adapter (peft format)")
     f.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    f.add_argument("--resume-anyway", action="store_true", help=_RESUME_ANYWAY_HELP)
     f.add_argument("--overwrite", action="store_true", help=_OVERWRITE_HELP)
     f.add_argument("--no-strict-base", action="store_true", help=_NO_STRICT_HELP)
     f.set_defaults(func=cmd_finetune)
@@ -779,7 +841,9 @@ def build_parser() -> argparse.ArgumentParser:
     rf.add_argument("--seed", type=int, default=1, help="seed of the batch order")
     rf.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     rf.add_argument("--device", help=DEVICE_HELP)
-    rf.add_argument("--out", help="output directory (default: overwrite --routers)")
+    rf.add_argument(
+        "--out", required=True, help="output directory (the --routers folder itself to rewrite it; not a shipped one)"
+    )
     rf.set_defaults(func=cmd_refit)
 
     v = sub.add_parser(
@@ -826,12 +890,46 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _user_error(e: BaseException) -> str | None:
+    """The one line a user sees for e, None for an exception that is a bug (its traceback is shown)."""
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    if isinstance(e, OSError) and e.errno is not None:  # raised by the OS: name the file, say what to do
+        what = {
+            errno.ENOSPC: "no space left on the device: free some space or write elsewhere",
+            errno.EDQUOT: "disk quota exceeded: free some space or write elsewhere",
+            errno.EACCES: "permission denied: choose a path you can write to",
+            errno.EPERM: "operation not permitted: choose a path you can write to",
+            errno.EROFS: "read-only file system: write elsewhere",
+            errno.ENOTDIR: "a part of this path is not a directory",
+            errno.EISDIR: "is a directory, a file was expected",
+            errno.ENOENT: "no such file or directory",
+        }.get(e.errno, e.strerror or first)
+        return f"{e.filename}: {what}" if e.filename is not None else what
+    if isinstance(e, UnicodeError):
+        return f"text that is not valid UTF-8 ({first}): pass UTF-8 text and files"
+    if isinstance(e, pickle.UnpicklingError):
+        return f"a pickled file was refused (unpickling can run code; use safetensors files): {first}"
+    if isinstance(e, (OSError, ValueError)):  # wide's own errors are one line (FileNotFoundError, ValueError)
+        return first
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one `wide` command. Bad input, files and the OS's refusals end in one line on stderr and exit
+    code 2; set WIDE_DEBUG=1 for the traceback instead."""
     args = build_parser().parse_args(argv)
+    if os.environ.get("WIDE_DEBUG", "") not in ("", "0"):
+        return args.func(args)
     try:
         return args.func(args)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        msg = _user_error(e)
+        if msg is None:
+            raise
+        print(f"error: {msg}", file=sys.stderr)
         return 2
 
 

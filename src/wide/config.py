@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,8 +125,9 @@ class WideConfig:
 
     # ----------------------------------------------------------------- validation
     def validate(self) -> None:
+        # every float is checked with math.isfinite first: NaN fails no comparison and inf passes "> 0"
         def frac(name: str, v: float | None) -> None:
-            if v is not None and not (0.0 <= v < 1.0):
+            if v is not None and not (math.isfinite(v) and 0.0 <= v < 1.0):
                 raise WideConfigError(f"{name} must be in [0, 1), got {v}")
 
         frac("sparsity", self.sparsity)
@@ -140,10 +142,11 @@ class WideConfig:
             raise WideConfigError(f"ffn_group_size must be a power of two >= 16, got {g}")
         if self.attn_group_size is not None and self.attn_group_size < 1:
             raise WideConfigError(f"attn_group_size must be >= 1 query head, got {self.attn_group_size}")
-        if self.alpha < 0:
-            raise WideConfigError(f"alpha must be >= 0, got {self.alpha}")
-        if not (self.tau_start > 0 and self.tau_end > 0):
-            raise WideConfigError("tau_start and tau_end must be > 0")
+        if not (math.isfinite(self.alpha) and self.alpha >= 0):
+            raise WideConfigError(f"alpha must be a finite number >= 0, got {self.alpha}")
+        for name in ("tau_start", "tau_end"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
+                raise WideConfigError(f"{name} must be a finite number > 0, got {getattr(self, name)}")
         if self.router_input not in ROUTER_INPUTS:
             raise WideConfigError(f"router_input must be one of {ROUTER_INPUTS}, got {self.router_input!r}")
         if self.ffn_router_source not in FFN_ROUTER_SOURCES:

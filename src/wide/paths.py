@@ -23,6 +23,14 @@ SHIPPED_ROUTERS = ("smollm2-135m-s25", "smollm2-135m-s25-lora", "smollm2-135m-s5
 WIKITEXT_SLICE = "data/wikitext/wiki.test.demo.raw.gz"
 
 
+def check_outside_package(path: str | os.PathLike, flag: str) -> None:
+    """A one-line ValueError when path lies inside the installed wide package (its shipped checkpoints and
+    data are read-only inputs; in an editable install they are the repository's files)."""
+    p = Path(path).expanduser().resolve()
+    if p == PACKAGE_DIR or PACKAGE_DIR in p.parents:
+        raise ValueError(f"{flag} {path} lies inside the installed wide package ({PACKAGE_DIR}): write it elsewhere")
+
+
 def _candidates() -> list[Path]:
     here = Path(__file__).resolve()
     repo = here.parents[2]  # src/wide/paths.py -> repo root (editable installs)

@@ -47,8 +47,6 @@ def build(model: nn.Module, config: WideConfig, *, base_model_id: str | None = N
 def load(model: nn.Module, ckpt_dir: str | Path, *, strict_base: bool = True):
     """Load a checkpoint of any method into model (in place): `load_routers`' checks (dimensions, base
     model, tensor names and shapes) and the method's own hooks and meter."""
-    from safetensors.torch import load_file
-
     from wide.model.checkpoint import CheckpointMismatchError, attach_out_biases, load_routers, read_checkpoint_meta
 
     meta = read_checkpoint_meta(ckpt_dir)
@@ -69,9 +67,10 @@ def load(model: nn.Module, ckpt_dir: str | Path, *, strict_base: bool = True):
                 f"checkpoint {ckpt_dir} was calibrated on {meta['base_model']!r}, not {model_id!r} "
                 "(pass strict_base=False / --no-strict-base to load anyway)"
             )
-        from wide.model.checkpoint import WEIGHTS_NAME
+        from wide.model.checkpoint import WEIGHTS_NAME, check_finite, load_tensors
 
-        state, summary = load_file(str(Path(ckpt_dir) / WEIGHTS_NAME)), meta.get("training", {})
+        state, summary = load_tensors(Path(ckpt_dir) / WEIGHTS_NAME), meta.get("training", {})
+        check_finite(state, Path(ckpt_dir) / WEIGHTS_NAME)
     wm = build(model, config, base_model_id=meta.get("base_model"))
     attach_out_biases(wm, state, ckpt_dir)  # static width's bias compensation, if any
     try:

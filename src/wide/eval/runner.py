@@ -207,7 +207,7 @@ def run_eval(
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from wide.baselines import load as load_method
     from wide.eval.lm_eval_model import WideLM, default_device, load_routed, parse_dtype
-    from wide.model import WideModel
+    from wide.model import WideModel, check_context
     from wide.model.checkpoint import has_adapter
 
     zs, wikitext = _eval_tasks(tasks)
@@ -221,6 +221,7 @@ def run_eval(
     task_dir = write_task_dir(zs + (["wikitext"] if wikitext and check_wikitext else []), data_dir=data_dir)
     t_start = time.time()
     base, tok, _ = load_routed(model, None, dtype=dtype, device=device)
+    check_context(base, max(max_length, ppl_max_length), what="--max-length")
     load_seconds = time.time() - t_start
     lm_kwargs = dict(max_length=max_length, batch_size=batch_size, softmax_dtype=softmax_dtype)
     rows: dict[str, dict] = {}

@@ -1,7 +1,7 @@
 """Routing on Hugging Face models: loading, the in-place WideModel adapter and router checkpoints."""
 
 from wide.model.checkpoint import CheckpointMismatchError, load_routers, read_checkpoint_meta, save_routers
-from wide.model.loading import SMOLLM2, load_model, resolve_model_id, save_tiny_llama, smollm2_gguf_path
+from wide.model.loading import SMOLLM2, check_context, load_model, resolve_model_id, save_tiny_llama, smollm2_gguf_path
 from wide.model.wide_model import SUPPORTED_FAMILIES, UnsupportedModelError, WideModel, decoder_layers
 
 __all__ = [
@@ -10,6 +10,7 @@ __all__ = [
     "CheckpointMismatchError",
     "UnsupportedModelError",
     "WideModel",
+    "check_context",
     "decoder_layers",
     "load_model",
     "load_routers",

@@ -19,6 +19,8 @@ WEIGHTS_NAME = "routers.safetensors"
 # stage 2 (`wide finetune`) writes its LoRA adapter beside the routers, in peft's format
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 FORMAT = "wide-routers"
+# a checkpoint folder is written under a name with this prefix, then renamed (wide.train.calibrate)
+TMP_PREFIX = ".tmp-"
 FORMAT_VERSION = 1
 
 
@@ -34,10 +36,33 @@ def versions() -> dict[str, str]:
     return {"wide": wide.__version__, "torch": torch.__version__, "transformers": transformers.__version__}
 
 
+def _umask() -> int:
+    try:  # Linux reports the umask without changing it (os.umask would, for every thread, for a moment)
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        umask = os.umask(0o022)
+        os.umask(umask)
+        return umask
+
+
+def file_mode() -> int:
+    """The mode a plain open() gives a new file under the process umask (0o644 under umask 022):
+    mkstemp / mkdtemp create private (0o600 / 0o700) ones, which atomic writes must not leave behind."""
+    return 0o666 & ~_umask()
+
+
+def dir_mode() -> int:
+    """The mode os.mkdir gives a new folder under the process umask (0o755 under umask 022)."""
+    return 0o777 & ~_umask()
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write via a temporary file in the same folder and os.replace: a crash leaves the old file."""
+    """Write via a temporary file in the same folder and os.replace: a crash leaves the old file. The file
+    gets the umask's mode (`file_mode`), as a plain open() would."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
+        os.fchmod(fd, file_mode())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -53,10 +78,12 @@ def save_routers(wm, out_dir: str | Path, *, training: dict | None = None) -> Pa
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().float().cpu().contiguous() for k, v in wm.routers.state_dict().items()}
+    check_finite(tensors, out / WEIGHTS_NAME, "it is not written")
     fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{WEIGHTS_NAME}.")
     os.close(fd)
     try:
         save_file(tensors, tmp, metadata={"format": FORMAT})
+        os.chmod(tmp, file_mode())
         os.replace(tmp, out / WEIGHTS_NAME)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -74,6 +101,14 @@ def save_routers(wm, out_dir: str | Path, *, training: dict | None = None) -> Pa
     }
     atomic_write_bytes(out / CONFIG_NAME, (json.dumps(meta, indent=2) + "\n").encode())
     return out
+
+
+def check_finite(tensors: dict[str, torch.Tensor], path: str | Path, action: str = "it is not loaded") -> None:
+    """A one-line CheckpointMismatchError naming path and the first tensor holding NaN or inf: such a
+    router skips everything or nothing (docs/design.md)."""
+    for name, t in tensors.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise CheckpointMismatchError(f"{path}: tensor {name} holds NaN or inf (a diverged training run); {action}")
 
 
 def load_tensors(path: str | Path) -> dict[str, torch.Tensor]:
@@ -109,11 +144,17 @@ def check_checkpoint(ckpt_dir: str | Path) -> dict:
         except Exception as e:
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise CheckpointMismatchError(f"{path} is truncated or not a safetensors file ({msg})") from None
+    check_finite(load_tensors(d / WEIGHTS_NAME), d / WEIGHTS_NAME)  # the routers are small
     return meta
 
 
 def read_checkpoint_meta(ckpt_dir: str | Path) -> dict:
     d = Path(ckpt_dir)
+    if TMP_PREFIX in (d.name[: len(TMP_PREFIX)], d.resolve().name[: len(TMP_PREFIX)]):
+        raise CheckpointMismatchError(
+            f"{d} is an unfinished checkpoint (being written, or left by a killed run): it is never loaded; "
+            "use the run folder or one of its checkpoint-N folders"
+        )
     cfg = d / CONFIG_NAME
     if not cfg.is_file():
         raise FileNotFoundError(f"{d} is not a WIDE router checkpoint: {CONFIG_NAME} is missing")
@@ -215,6 +256,7 @@ def load_routers(model: nn.Module, ckpt_dir: str | Path, *, strict_base: bool = 
         )
     config = WideConfig.from_dict(meta["config"])
     state = load_tensors(Path(ckpt_dir) / WEIGHTS_NAME)  # before any hook is attached
+    check_finite(state, Path(ckpt_dir) / WEIGHTS_NAME)
     merge_adapter(model, ckpt_dir)
     wm = WideModel(model, config, base_model_id=meta.get("base_model"))
     attach_out_biases(wm, state, ckpt_dir)

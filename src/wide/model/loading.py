@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import pickle
 from pathlib import Path
 
 import torch
@@ -189,10 +190,29 @@ def load_model(
 
     src, kwargs = resolve_source(name)
     tokenizer = AutoTokenizer.from_pretrained(src, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, **kwargs)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, **kwargs)
+    except pickle.UnpicklingError:  # torch's weights-only unpickler refused it: loading could run code
+        raise ValueError(
+            f"--model {name}: its weights are a pickle (pytorch_model.bin) that holds more than tensors; it is "
+            "not loaded (unpickling can run code): use a model saved as safetensors"
+        ) from None
     model.to(device)
     model.eval()
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     model.config.wide_model_id = resolve_model_id(name)
     return model, tokenizer
+
+
+def check_context(model_or_config, tokens: int, *, what: str, max_seq: int | None = None) -> None:
+    """A one-line ValueError when ``tokens`` positions (a prompt plus the tokens to generate, a training or
+    evaluation sequence) exceed the model's ``max_position_embeddings`` or a runtime's ``max_seq``: past
+    them the positions are ones the model never saw, or the cache has no room.
+    model_or_config: a Hugging Face model or its config; what: the flags that set ``tokens``."""
+    config = getattr(model_or_config, "config", model_or_config)
+    limit = getattr(config, "max_position_embeddings", None)
+    if limit and tokens > limit:
+        raise ValueError(f"{what}: {tokens} tokens exceed the model's {limit} positions (max_position_embeddings)")
+    if max_seq is not None and tokens > max_seq:
+        raise ValueError(f"{what}: {tokens} tokens exceed the runtime's max_seq of {max_seq}")

@@ -7,20 +7,26 @@ step, data position, RNG). After the last step the per-router skip offsets are f
 argmax routing skips at the rate the model was trained under (Gumbel-time rate), closing the
 Gumbel/argmax gap.
 
-Run directory (``out_dir``): ``wide_run.json`` (the run manifest: the checkpoints this run wrote;
-pruning touches only those), ``checkpoint-{step}/`` (routers + ``trainer_state.safetensors``: tensors
-plus a JSON header, never a pickle), ``latest``, ``train_log.jsonl`` and the final routers. A fresh
-run refuses a non-empty directory unless ``overwrite``; ``resume`` refuses any change of a setting
-that shapes training (see ``check_out_dir``).
+Run directory (``out_dir``, docs/training.md#run-folders): ``wide_run.json`` (the run manifest: the
+checkpoints this run wrote, of which pruning touches only those, and what the result depends on beyond
+the settings: dtype, device kind, the data's content hash, versions; see ``run_provenance``),
+``.wide-lock`` while a process writes there (one writer per folder, `wide.train.run_lock`),
+``checkpoint-{step}/`` (routers + ``trainer_state.safetensors``: tensors plus a JSON header, never a
+pickle), ``latest``, ``train_log.jsonl`` and the final routers. A fresh run refuses a non-empty directory
+unless ``overwrite``; ``resume`` refuses any change of a setting that shapes training (see
+``check_out_dir``) and, unless ``resume_anyway``, any change of the provenance.
+A step whose loss or router gradients are not finite stops the run before the optimizer applies it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import random
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -31,7 +37,17 @@ import torch
 from tqdm.auto import tqdm
 
 from wide.config import WideConfig
-from wide.model.checkpoint import CONFIG_NAME, WEIGHTS_NAME, atomic_write_bytes, load_tensors, save_routers
+from wide.model.checkpoint import (
+    CONFIG_NAME,
+    TMP_PREFIX,
+    WEIGHTS_NAME,
+    atomic_write_bytes,
+    check_finite,
+    dir_mode,
+    file_mode,
+    load_tensors,
+    save_routers,
+)
 from wide.model.wide_model import WideModel
 from wide.target import model_flop_weights, routing_sparsity_loss
 from wide.train.distributed import all_reduce_mean_, barrier, broadcast_, global_batch_terms, rank_seed, shard
@@ -47,6 +63,7 @@ from wide.train.fsdp import (
     prepare_model,
 )
 from wide.train.losses import task_loss, teacher_hidden
+from wide.train.run_lock import LOCK_NAME, run_lock
 from wide.train.threshold_fit import FIT_MODES, fit_thresholds, skip_biases
 
 STATE_NAME = "trainer_state.safetensors"  # tensors + a JSON header (safetensors metadata): no pickle
@@ -112,8 +129,8 @@ class TrainConfig:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
         if not 0.0 <= self.warmup_frac <= 1.0:
             raise ValueError(f"warmup_frac must be in [0, 1], got {self.warmup_frac}")
-        if not self.max_grad_norm > 0:
-            raise ValueError(f"max_grad_norm must be > 0, got {self.max_grad_norm}")
+        if not (math.isfinite(self.max_grad_norm) and self.max_grad_norm > 0):
+            raise ValueError(f"max_grad_norm must be a finite number > 0, got {self.max_grad_norm}")
         if self.fit_batches < 1 and self.fit_mode != "none":
             raise ValueError(f"fit_batches must be >= 1, got {self.fit_batches}")
         if self.loss_chunk_tokens < 0:
@@ -235,6 +252,7 @@ def write_state(path: Path, tensors: dict[str, torch.Tensor], meta: dict) -> Non
     os.close(fd)
     try:
         save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, tmp, metadata=header)
+        os.chmod(tmp, file_mode())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -315,9 +333,55 @@ def read_manifest(out: Path) -> dict | None:
     return m
 
 
-def write_manifest(out: Path, checkpoints: list[str]) -> None:
+def write_manifest(out: Path, checkpoints: list[str], run: dict | None = None) -> None:
+    """run: what the result depends on (`run_provenance`, and the changes a --resume-anyway accepted);
+    None keeps what the manifest records."""
+    if run is None:
+        run = (read_manifest(out) or {}).get("run")
     m = {"format": MANIFEST_FORMAT, "format_version": 1, "checkpoints": checkpoints}
+    if run is not None:
+        m["run"] = run
     atomic_write_bytes(out / MANIFEST_NAME, (json.dumps(m, indent=1) + "\n").encode())
+
+
+def device_kind(device: torch.device) -> str:
+    """The kind of device: cpu, or cuda:<the GPU's name> (another GPU model gives other arithmetic)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    return device.type
+
+
+def run_provenance(dtype: torch.dtype, device: torch.device, dataset=None) -> dict:
+    """What a run's result depends on beyond its TrainConfig and WideConfig: the weights' dtype, the
+    device kind, the package versions and (given the dataset) the content hash of its tokens. A resume
+    must see the same, or it is no longer the uninterrupted run bit for bit."""
+    import wide
+
+    prov = {
+        "dtype": str(dtype).removeprefix("torch."),
+        "device": device_kind(device),
+        "wide": wide.__version__,
+        "torch": torch.__version__,
+    }
+    content_hash = getattr(dataset, "content_hash", None)
+    if content_hash is not None:
+        prov["data_sha256"] = content_hash()
+    return prov
+
+
+def _remove(path: Path) -> None:
+    """Remove a checkpoint folder of this run; a symlink put in its place is removed, never followed."""
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _is_tmp_of(name: str, checkpoints: list[str]) -> bool:
+    """Whether name is the temporary folder of one of checkpoints (`.tmp-checkpoint-N`, with a writer's tag)."""
+    base = name.removeprefix(TMP_PREFIX)
+    return base != name and any(base == c or base.startswith(c + ".") for c in checkpoints)
 
 
 def is_wide_run(out: Path) -> bool:
@@ -368,17 +432,24 @@ def check_out_dir(
     overwrite: bool = False,
     config: WideConfig | None = None,
     base_model: str | None = None,
-) -> None:
+    provenance: dict | None = None,
+    resume_anyway: bool = False,
+) -> dict:
     """Everything about --out that can fail, checked before any expensive work; writes nothing.
+    Returns the provenance entries that differ from the resumed checkpoint's ({name: (then, now)}), which
+    only resume_anyway accepts (a one-line ValueError otherwise); {} for a fresh run.
 
     Fresh run: out must be writable and empty, or (with overwrite) a directory WIDE may write its own
     files into; checkpoint names this run will write must not belong to anyone else.
     Resume: the latest checkpoint must be readable and every setting that shapes training (the
     TrainConfig outside RESUME_MAY_CHANGE, its `extra` (model, data, ...), the WideConfig, the base
     model) equal to the one the run was started with."""
+    from wide.paths import check_outside_package
+
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} exists and is not a directory")
+    check_outside_package(out, "--out")
     check_writable(out)
     if resume:
         if overwrite:
@@ -400,9 +471,19 @@ def check_out_dir(
                 f"--resume: --model {base_model!r} differs from {meta['base_model']!r} that the run in {out} "
                 "was started with"
             )
-        return
-    if not out.is_dir() or not any(out.iterdir()):
-        return
+        # a checkpoint older than the record has none: nothing to compare
+        then, now = meta.get("run") or {}, provenance or {}
+        changed = {k: (then[k], now[k]) for k in sorted(set(then) & set(now)) if then[k] != now[k]}
+        if changed and not resume_anyway:
+            what = "; ".join(f"{k} {a!r} then, {b!r} now" for k, (a, b) in changed.items())
+            raise ValueError(
+                f"--resume: the run in {out} changed ({what}): it would not continue bit for bit; resume as it "
+                "was started, start a new run, or pass --resume-anyway to continue regardless"
+            )
+        return changed
+    entries = [p for p in out.iterdir() if p.name != LOCK_NAME] if out.is_dir() else []
+    if not entries:
+        return {}
     if is_wide_run(out):
         if not overwrite:
             raise ValueError(
@@ -410,14 +491,14 @@ def check_out_dir(
                 "start a new run there (its previous checkpoints and results are replaced)"
             )
     elif not overwrite:
-        names = sorted(p.name for p in out.iterdir())
+        names = sorted(p.name for p in entries)
         shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
         raise ValueError(
             f"--out {out} is not empty ({shown}) and is not a WIDE run: choose a new or empty directory, "
             "or pass --overwrite to let WIDE write its files there"
         )
     ours = set((read_manifest(out) or {"checkpoints": []})["checkpoints"])
-    for p in out.iterdir():
+    for p in entries:
         step = _step_of(p.name.removeprefix(".tmp-"))
         if step is None or p.name.removeprefix(".tmp-") in ours:
             continue
@@ -426,24 +507,29 @@ def check_out_dir(
                 f"--out {out} holds {p.name}/, which this run would write over but did not make: "
                 "move it away or choose another --out"
             )
+    return {}
 
 
-def prepare_out_dir(out: Path, *, resume: bool, overwrite: bool) -> None:
-    """Rank 0, after check_out_dir: create out; a fresh run removes what an earlier run there wrote
-    (its manifest's checkpoints, `latest`, the log and final routers; with overwrite only) and starts
-    a new manifest."""
+def prepare_out_dir(out: Path, *, resume: bool, overwrite: bool, run: dict | None = None) -> None:
+    """Rank 0, after check_out_dir, holding the run lock: create out; remove the temporary folders a
+    killed writer of this run left; a fresh run removes what an earlier run there wrote (its manifest's
+    checkpoints, `latest`, the log and final routers; with overwrite only) and starts a new manifest.
+    run: the provenance to record (`run_provenance`)."""
     out.mkdir(parents=True, exist_ok=True)
+    ours = (read_manifest(out) or {"checkpoints": []})["checkpoints"]
+    for p in out.iterdir():  # no other process writes here (the lock): these are a dead writer's
+        if _is_tmp_of(p.name, ours):
+            _remove(p)
     if resume:
-        if read_manifest(out) is None:  # a run written before manifests: its latest checkpoint is ours
-            write_manifest(out, [latest_checkpoint(out).name])
+        write_manifest(out, ours or [latest_checkpoint(out).name], run)  # pre-manifest runs: latest is ours
         return
     if overwrite:
-        for name in (read_manifest(out) or {"checkpoints": []})["checkpoints"]:
-            shutil.rmtree(out / name, ignore_errors=True)
-            shutil.rmtree(out / f".tmp-{name}", ignore_errors=True)
+        for name in ours:
+            _remove(out / name)
         for name in (LATEST, LOG_NAME, WEIGHTS_NAME, CONFIG_NAME, "adapter_model.safetensors", "adapter_config.json"):
             (out / name).unlink(missing_ok=True)
-    write_manifest(out, [])
+    (out / MANIFEST_NAME).unlink(missing_ok=True)  # nothing of the earlier run's record carries over
+    write_manifest(out, [], run)
 
 
 def truncate_log(path: Path, step: int) -> None:
@@ -470,21 +556,67 @@ def save_trainable(wm: WideModel, out: Path, adapter=None, training: dict | None
         adapter.save_pretrained(str(out), state_dict=lora_state)
 
 
+def writer_tag() -> str:
+    """This run's tag in the names of its temporary folders (rank 0's pid and a random part, the same on
+    every rank): two writers never share one, and the run lock keeps a second writer out anyway."""
+    token = torch.tensor([os.getpid(), random.SystemRandom().getrandbits(31)], dtype=torch.int64)
+    broadcast_([token])
+    return f"{int(token[0])}-{int(token[1]):x}"
+
+
 def save_trainer_checkpoint(
-    out: Path, step: int, wm: WideModel, opt, sched, order, tc: TrainConfig, log_state: dict, adapter=None
+    out: Path,
+    step: int,
+    wm: WideModel,
+    opt,
+    sched,
+    order,
+    tc: TrainConfig,
+    log_state: dict,
+    adapter=None,
+    tag: str | None = None,
+    run: dict | None = None,
 ) -> Path:
-    """Write checkpoint-{step}/ completely, then move the `latest` pointer to it (atomic), then prune
-    the oldest checkpoints this run wrote (those in the manifest; nothing else is ever deleted).
-    A kill at any moment leaves `latest` naming a complete checkpoint."""
+    """Write checkpoint-{step}/ completely (in `.tmp-checkpoint-{step}.{tag}`, then renamed), then move the
+    `latest` pointer to it (atomic), then prune the oldest checkpoints this run wrote (those in the
+    manifest; nothing else is ever deleted). A kill at any moment leaves `latest` naming a complete
+    checkpoint; a failed write (a full disk) leaves no temporary folder. run: the provenance, recorded
+    with the trainer state (what a resume compares)."""
     rank, ws = dist_world()
     ckpt = out / f"checkpoint-{step}"
-    tmp = out / f".tmp-checkpoint-{step}"
+    tmp = out / f"{TMP_PREFIX}{ckpt.name}.{tag or os.getpid()}"
     optim, lora = optimizer_state_dict(wm, opt), lora_state_dict(adapter)  # collectives when sharded
+    try:
+        _write_checkpoint_tmp(out, tmp, ckpt, step, wm, optim, lora, sched, order, tc, log_state, adapter, run)
+    except BaseException:
+        if rank == 0:
+            _remove(tmp)
+        raise
+    if rank == 0:
+        manifest = read_manifest(out) or {"checkpoints": []}
+        mine = [c for c in manifest["checkpoints"] if c != ckpt.name]
+        _remove(ckpt)
+        tmp.rename(ckpt)
+        atomic_write_bytes(out / LATEST, ckpt.name.encode())
+        olds = sorted(mine, key=_step_of)
+        drop = olds[: max(0, len(olds) - (tc.keep_checkpoints - 1))]
+        for name in drop:
+            _remove(out / name)
+        write_manifest(out, [c for c in mine if c not in drop] + [ckpt.name])
+    barrier()
+    return ckpt
+
+
+def _write_checkpoint_tmp(out, tmp, ckpt, step, wm, optim, lora, sched, order, tc, log_state, adapter, run) -> None:
+    """save_trainer_checkpoint's writing, into tmp, by every rank."""
+    rank, ws = dist_world()
     if rank == 0:
         manifest = read_manifest(out) or {"checkpoints": []}
         mine = [c for c in manifest["checkpoints"] if c != ckpt.name]
         write_manifest(out, mine + [ckpt.name])  # recorded before it exists: a kill leaves no unowned dir
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove(tmp)
+        tmp.mkdir()
+        tmp.chmod(dir_mode())
         save_trainable(wm, tmp, adapter, training={"step": step, "partial": True}, lora_state=lora)
         opt_tensors, opt_js = optimizer_to_portable(optim)  # full tensors, torch's numbering: any rank count
         rng_tensors, rng_js = rng_to_portable(rng_state())
@@ -500,6 +632,7 @@ def save_trainer_checkpoint(
             "base_model": wm.base_model_id,
             "log_state": log_state,
             "world_size": ws,
+            "run": run,
         }
         write_state(tmp / STATE_NAME, {**opt_tensors, **rng_tensors}, meta)
     barrier()
@@ -507,17 +640,6 @@ def save_trainer_checkpoint(
         rng_tensors, rng_js = rng_to_portable(rng_state())
         write_state(tmp / f"rng_rank{rank}.safetensors", rng_tensors, {"rng": rng_js})
     barrier()
-    if rank == 0:
-        shutil.rmtree(ckpt, ignore_errors=True)
-        tmp.rename(ckpt)
-        atomic_write_bytes(out / LATEST, ckpt.name.encode())
-        olds = sorted(mine, key=_step_of)
-        drop = olds[: max(0, len(olds) - (tc.keep_checkpoints - 1))]
-        for name in drop:
-            shutil.rmtree(out / name, ignore_errors=True)
-        write_manifest(out, [c for c in mine if c not in drop] + [ckpt.name])
-    barrier()
-    return ckpt
 
 
 def latest_checkpoint(out: Path) -> Path | None:
@@ -550,28 +672,60 @@ def calibrate(
     progress: bool = True,
     adapter=None,
     device: torch.device | None = None,
+    resume_anyway: bool = False,
 ) -> dict:
     """Train the routers of wm on dataset (a wide.train.data.TokenDataset); write checkpoints and the
     final routers into out_dir; return the training summary.
 
-    overwrite: start in a non-empty out_dir (see check_out_dir); resume: continue its latest checkpoint.
+    overwrite: start in a non-empty out_dir (see check_out_dir); resume: continue its latest checkpoint;
+    resume_anyway: also when the dtype, device kind, data content or versions changed (each change is
+    printed and recorded in the manifest).
     adapter: stage 2 (LoRA recovery) — a peft model whose LoRA layers were injected into wm.model
     before the routers were attached; its LoRA parameters train together with the routers.
     device: where the computation runs (default: where the model's parameters are; needed when the
-    model was loaded on the CPU for `tc.parallel` fsdp / cpu_offload)."""
+    model was loaded on the CPU for `tc.parallel` fsdp / cpu_offload).
+
+    Rank 0 holds out_dir's run lock throughout (`wide.train.run_lock`): a second writer is refused.
+    A ValueError stops a step whose loss or router gradients are not finite, before the optimizer applies
+    it: no checkpoint ever holds its weights."""
+    lock = run_lock(out_dir) if dist_world()[0] == 0 else contextlib.nullcontext()
+    with lock, contextlib.ExitStack() as scope:  # scope: closes the progress bar before an error is shown
+        args = (resume, overwrite, progress, adapter, device, resume_anyway, scope)
+        return _calibrate(wm, dataset, tc, Path(out_dir), *args)
+
+
+def _calibrate(wm, dataset, tc, out, resume, overwrite, progress, adapter, device, resume_anyway, scope) -> dict:
     from wide.train.data import DataError, DataOrder
 
-    out = Path(out_dir)
     device = device or next(wm.model.parameters()).device
     cfg: WideConfig = wm.config
     rank, ws = dist_world()
     if tc.batch_size % ws:
         raise ValueError(f"batch_size {tc.batch_size} must be divisible by the {ws} data-parallel ranks")
-    check_out_dir(out, tc, resume=resume, overwrite=overwrite, config=cfg, base_model=wm.base_model_id)
+    dtype = getattr(wm.model, "dtype", None) or next(wm.model.parameters()).dtype
+    run = run_provenance(dtype, device, dataset)
+    changed = check_out_dir(
+        out,
+        tc,
+        resume=resume,
+        overwrite=overwrite,
+        config=cfg,
+        base_model=wm.base_model_id,
+        provenance=run,
+        resume_anyway=resume_anyway,
+    )
+    if changed:
+        ckpt_name = latest_checkpoint(out).name
+        for k, (then, now) in changed.items():
+            if rank == 0:
+                print(f"--resume-anyway: {k} was {then!r}, is {now!r} from {ckpt_name} on", file=sys.stderr)
+        earlier = ((read_manifest(out) or {}).get("run") or {}).get("resumed_anyway", [])
+        run = {**run, "resumed_anyway": [*earlier, {"from": ckpt_name, "changed": changed}]}
     order = DataOrder(len(dataset), tc.batch_size, seed=tc.seed)
+    tag = writer_tag()  # a collective
     barrier()  # every rank has checked out_dir before rank 0 changes it
     if rank == 0:
-        prepare_out_dir(out, resume=resume, overwrite=overwrite)
+        prepare_out_dir(out, resume=resume, overwrite=overwrite, run=run)
     barrier()
     seed_everything(tc.seed + rank)
     wm.freeze_base()
@@ -598,7 +752,9 @@ def calibrate(
                 f"--resume: --data now gives {len(dataset)} training sequences, the run in {out} was "
                 f"trained on {saved_n}: the data changed; resume with the same data or start a new run"
             )
-        wm.routers.load_state_dict(load_tensors(ckpt / WEIGHTS_NAME))
+        state = load_tensors(ckpt / WEIGHTS_NAME)
+        check_finite(state, ckpt / WEIGHTS_NAME)
+        wm.routers.load_state_dict(state)
         if adapter is not None:
             load_lora_state_(adapter, load_tensors(ckpt / "adapter_model.safetensors"))
         rng_file = ckpt / f"rng_rank{rank}.safetensors"
@@ -624,6 +780,7 @@ def calibrate(
     flop_w = model_flop_weights(wm, tc.seq_len) if cfg.sparsity_kind == "flops" else None  # FLOP-weighted target
     wm.mode = "gumbel"
     bar = tqdm(total=tc.steps, initial=start, disable=not progress or rank > 0, desc="calibrate", dynamic_ncols=True)
+    scope.enter_context(bar)
     t0 = time.perf_counter() - log_state["elapsed"]
     for step in range(start, tc.steps):
         wm.tau = cfg.tau_at(step, tc.steps)
@@ -662,7 +819,14 @@ def calibrate(
             )
             log_state["tokens"] += int(batch["attention_mask"].sum()) * ws  # host copy: no device sync
         all_reduce_mean_([p.grad for p in params.values() if p.grad is not None])
-        clip_grad_norm_(params.values(), tc.max_grad_norm, device)
+        norm = clip_grad_norm_(params.values(), tc.max_grad_norm, device)  # the same on every rank
+        # stats[0]: the step's loss, global over ranks (global_batch_terms); one host sync per step
+        if not bool(torch.isfinite(stats[0]) & torch.isfinite(norm)):
+            raise NonFiniteError(
+                f"training diverged at step {step + 1}: loss {float(stats[0])}, router gradient norm "
+                f"{float(norm)}; the step was not applied and no checkpoint holds it "
+                f"({_last_checkpoint_note(out)}): lower --lr or --alpha, train in --dtype fp32, or check the data"
+            )
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
@@ -693,7 +857,7 @@ def calibrate(
             bar.set_postfix(loss=f"{s[1]:.3f}", attn=f"{s[4]:.2f}", ffn=f"{s[5]:.2f}", tau=f"{wm.tau:.2f}")
         if done % tc.save_every == 0 and done < tc.steps:
             log_state["elapsed"] = time.perf_counter() - t0
-            save_trainer_checkpoint(out, done, wm, opt, sched, order, tc, log_state, adapter)
+            save_trainer_checkpoint(out, done, wm, opt, sched, order, tc, log_state, adapter, tag=tag, run=run)
     bar.close()
     elapsed = time.perf_counter() - t0
     summary = {
@@ -720,6 +884,18 @@ def calibrate(
         save_trainable(wm, out, adapter, training=summary, lora_state=lora)
     barrier()
     return summary
+
+
+class NonFiniteError(ValueError):
+    """A training step whose loss or gradients hold NaN or inf."""
+
+
+def _last_checkpoint_note(out: Path) -> str:
+    try:
+        ckpt = latest_checkpoint(out)
+    except ValueError:
+        ckpt = None
+    return f"the last one is {ckpt}" if ckpt is not None else "none was written yet"
 
 
 def _rank_rng(path: Path) -> tuple[dict[str, torch.Tensor], dict]:

@@ -340,6 +340,7 @@ class TokenDataset:
     input_ids: torch.Tensor  # [N, L] int64
     attention_mask: torch.Tensor  # [N, L] bool
     meta: dict[str, Any] = field(default_factory=dict)
+    _content_sha256: str | None = field(default=None, init=False, repr=False, compare=False)  # content_hash()
 
     def __post_init__(self) -> None:
         if self.input_ids.shape != self.attention_mask.shape or self.input_ids.dim() != 2:
@@ -375,6 +376,16 @@ class TokenDataset:
         idx = torch.as_tensor(indices, dtype=torch.long)
         ids, mask = self.input_ids[idx], self.attention_mask[idx]
         return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(~mask, -100)}
+
+    def content_hash(self) -> str:
+        """SHA-256 of the rows' tokens and masks (their shapes included): equal exactly when the training
+        text is, whatever path or cache it came from. Computed once per dataset."""
+        if self._content_sha256 is None:
+            h = hashlib.sha256(f"{tuple(self.input_ids.shape)}".encode())
+            h.update(self.input_ids.contiguous().numpy().tobytes())
+            h.update(self.attention_mask.contiguous().numpy().tobytes())
+            self._content_sha256 = h.hexdigest()
+        return self._content_sha256
 
     def subset(self, indices: Sequence[int] | torch.Tensor) -> TokenDataset:
         idx = torch.as_tensor(indices, dtype=torch.long)

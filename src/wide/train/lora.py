@@ -6,6 +6,8 @@ on the inputs of the LoRA-wrapped o_proj / down_proj and cover the adapter's pat
 
 from __future__ import annotations
 
+import math
+
 import torch.nn as nn
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -15,7 +17,7 @@ def check_lora_args(r: int, alpha: float, dropout: float) -> None:
     """One-line errors for LoRA settings that cannot work (checked before any model loads)."""
     if r < 1:
         raise ValueError(f"LoRA rank must be >= 1, got {r}")
-    if not alpha > 0:
+    if not (math.isfinite(alpha) and alpha > 0):
         raise ValueError(f"--lora-alpha must be > 0, got {alpha}")
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"--lora-dropout must be in [0, 1), got {dropout}")
