@@ -102,6 +102,7 @@ def test_shipped_routers_resolve_by_name_and_path(tmp_path):
         resolve_routers("smollm2-135m-s99")
 
 
+@pytest.mark.data
 def test_packaged_slice_is_a_prefix_of_the_test_file():
     """The slice is the first pages of wiki.test.raw byte for byte (checked against the full file when present)."""
     with gzip.open(packaged_wikitext_slice(), "rt", encoding="utf-8") as f:
@@ -246,6 +247,7 @@ def test_task_configs_keep_the_hub_dataset_without_a_data_root(tmp_path, monkeyp
     assert cfg["dataset_path"] == "json" and (out / "boolq.jsonl").is_file()
 
 
+@pytest.mark.data
 @pytest.mark.slow
 def test_demo_budget_scores_the_same_tokens_from_the_slice_as_from_the_full_file(monkeypatch):
     """With SmolLM2's tokenizer, the demo's 8,192-token budget covers the same pages, tokens and words
