@@ -342,3 +342,18 @@ def test_wide_lm_eval_adds_the_task_folder_and_the_cpu_without_cuda(args, cuda, 
     from wide.eval.lm_eval_cli import lm_eval_args
 
     assert lm_eval_args(args, "T", cuda) == args + added
+
+
+def test_wide_lm_eval_refuses_zero_shot_tasks_without_data_or_hub(monkeypatch):
+    """No data root, hub offline: the zero-shot tasks are refused in one line before lm-eval (or a model) runs."""
+    import lm_eval.__main__
+
+    from wide.eval import lm_eval_cli, runner
+
+    monkeypatch.delenv("WIDE_DATA", raising=False)
+    monkeypatch.setenv("WIDE_DATA_SEARCH", "0")
+    monkeypatch.setattr(runner, "hub_online", lambda online=None: False)
+    monkeypatch.setattr(lm_eval.__main__, "cli_evaluate", lambda: pytest.fail("lm-eval ran"))
+    with pytest.raises(SystemExit, match=r"^error: the zero-shot tasks \(offline_boolq, wide_offline\).*WIDE_DATA"):
+        lm_eval_cli.main(["--model", "wide", "--tasks", "offline_boolq,offline_wikitext", "--tasks=wide_offline"])
+    assert lm_eval_cli.named_tasks(["--tasks", "a,b", "c", "--limit", "1"]) == ["a", "b", "c"]

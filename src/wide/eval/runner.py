@@ -88,17 +88,12 @@ def _check_data(tasks: list[str], wikitext: bool, data_dir, online: bool) -> str
     if tasks:
         print(f"zero-shot tasks from {where['data root'] if root is not None else hub}", file=sys.stderr)
     if source is not None:
-        print(
-            f"WikiText-2 test set from {where[source]}{SLICE_NOTE if source == 'packaged slice' else ''}",
-            file=sys.stderr,
-        )
+        note = f"{SLICE_NOTE}; WIDE_DATA / --data-dir or --online: the full set" if source == "packaged slice" else ""
+        print(f"WikiText-2 test set from {where[source]}{note}", file=sys.stderr)
     return source
 
 
-SLICE_NOTE = (
-    ": its first pages only, not the full test set (no data root, and the hub is off or does not have it; "
-    "set WIDE_DATA / --data-dir or pass --online for the full set)"
-)
+SLICE_NOTE = ": its first pages only, not the full test set (no data root, and the hub is off or does not have it)"
 
 
 def _lm_eval_scores(results: dict, tasks: list[str]) -> dict:
