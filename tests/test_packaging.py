@@ -357,3 +357,24 @@ def test_wide_lm_eval_refuses_zero_shot_tasks_without_data_or_hub(monkeypatch):
     with pytest.raises(SystemExit, match=r"^error: the zero-shot tasks \(offline_boolq, wide_offline\).*WIDE_DATA"):
         lm_eval_cli.main(["--model", "wide", "--tasks", "offline_boolq,offline_wikitext", "--tasks=wide_offline"])
     assert lm_eval_cli.named_tasks(["--tasks", "a,b", "c", "--limit", "1"]) == ["a", "b", "c"]
+
+
+def test_demo_calibration_folder_is_removed_also_on_ctrl_c(tmp_path, monkeypatch):
+    import tempfile
+
+    from wide import demo
+
+    monkeypatch.delenv("WIDE_DATA", raising=False)
+    monkeypatch.setenv("WIDE_DATA_SEARCH", "0")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    seen = []
+
+    def interrupted(*args, calibrate, **kw):
+        (data, _), folder = calibrate
+        seen.append((data, folder.is_dir()))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(demo, "_run", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        demo.run_demo(calibrate=True)
+    assert seen == [(str(packaged_calibration_sample()), True)] and list(tmp_path.iterdir()) == []

@@ -206,3 +206,17 @@ def test_hub_mode_is_what_the_libraries_read():
         code = f"from wide.eval.runner import hub_online; print(hub_online({arg}))"
         run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
         assert run.stdout.strip().splitlines()[-1] == want, arg
+
+
+def test_run_eval_removes_its_task_folder_on_ctrl_c(tiny_dir, no_data_no_hub, monkeypatch):
+    from wide.eval import lm_eval_model
+    from wide.eval.runner import run_eval
+
+    def interrupted(*a, **k):
+        assert [p.name for p in no_data_no_hub.iterdir()][0].startswith("wide-tasks-")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(lm_eval_model, "load_routed", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_eval(str(tiny_dir), [], "wikitext", device="cpu")
+    assert list(no_data_no_hub.iterdir()) == []
