@@ -58,9 +58,12 @@ def hub_online(online: bool | None = None) -> bool:
             os.environ.setdefault(k, "1")
         else:
             os.environ[k] = "0" if online else "1"
-    import datasets.config
     from huggingface_hub import constants
 
+    try:
+        import datasets.config
+    except ImportError:  # no `datasets` (the eval extra): nothing comes from the hub's datasets
+        return False
     return not (constants.HF_HUB_OFFLINE or datasets.config.HF_DATASETS_OFFLINE)
 
 
