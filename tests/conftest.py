@@ -6,6 +6,7 @@ import os
 import platform
 import sys
 import tempfile
+from pathlib import Path
 
 # The CPU interpreter runs tl.dot as a numpy (OpenBLAS) matmul. OpenBLAS's FMA kernels (Haswell and later) sum a
 # column's products in an order that depends on the column's place in the block, which a GPU's MMA does not, so the
@@ -25,13 +26,31 @@ if "PYTEST_XDIST_WORKER" in os.environ and "TORCHINDUCTOR_CACHE_DIR" not in os.e
     )
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects: `-m data` sees the markers added here
 def pytest_collection_modifyitems(config, items):
+    for item in items:  # a test that takes a data root reads the offline data: marked `data` (.ci/run)
+        if "data_root" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.data)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def data_root() -> Path:
+    """The offline data root (WIDE_DATA, else a shared/data next to the repository) with WikiText-2's test
+    file, else the test is skipped. A test taking it is marked `data`."""
+    from wide.paths import find_data_dir
+
+    root = find_data_dir()
+    if root is None:
+        pytest.skip("no offline data root: set WIDE_DATA")
+    if not (root / "wikitext" / "wiki.test.raw").is_file():
+        pytest.skip(f"the data root {root} lacks wikitext/wiki.test.raw")
+    return root
 
 
 def tiny_model(

@@ -170,7 +170,7 @@ def test_unsupported_family_via_cli(tiny_dir, tmp_path, capsys):
     assert rc == 2 and "unsupported architecture 'gpt2'" in capsys.readouterr().err
 
 
-def test_eval_command_writes_json_and_table(tiny_dir, text_file, tmp_path):
+def test_eval_command_writes_json_and_table(tiny_dir, text_file, tmp_path, data_root):  # arc_easy: data root
     out = tmp_path / "run"
     assert calibrate_tiny(tiny_dir, text_file, out) == 0
     res = tmp_path / "eval"
@@ -677,3 +677,12 @@ def test_stage_two_checkpoints_load_with_their_adapter(tiny_dir, text_file, tmp_
     capsys.readouterr()
     assert cli("finetune", "--model", tiny_dir, *train, "--routers", s2, "--out", tmp_path / "s3") == 2
     assert "a stage-2 checkpoint" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
+@pytest.mark.parametrize("what", ["kernels", "e2e"])
+def test_bench_without_cuda_refuses_in_one_line(what, tmp_path, capsys):
+    assert main(["bench", what, "--quick", "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: wide bench {what}") and "CUDA" in err
+    assert not (tmp_path / "b").exists()

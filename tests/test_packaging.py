@@ -1,4 +1,4 @@
-"""What a non-editable install carries: the shipped routers and the demo's WikiText-2 slice; the
+"""What a non-editable install carries: the shipped routers, the demo's WikiText-2 slice and calibration sample; the
 WikiText-2 lookup order (data root, packaged slice, hub); CLI help texts."""
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ import pytest
 from wide.cli import build_parser
 from wide.eval import tasks
 from wide.paths import (
+    CALIBRATION_SAMPLE,
     SHIPPED_ROUTERS,
+    packaged_calibration_sample,
     packaged_wikitext_slice,
     resolve_routers,
     shipped_routers,
@@ -33,7 +35,7 @@ import wide
 from safetensors.torch import load_file
 from wide.eval.tasks import wikitext_test_pages
 from wide.model.checkpoint import has_adapter, read_checkpoint_meta
-from wide.paths import find_data_dir, shipped_routers
+from wide.paths import find_data_dir, packaged_calibration_sample, shipped_routers
 
 site = Path(sys.argv[1]).resolve()
 assert Path(wide.__file__).resolve().is_relative_to(site), wide.__file__
@@ -47,6 +49,7 @@ for ckpt in shipped_routers():
     out["routers"][ckpt.name] = {"sparsity": meta["config"]["sparsity"], "tensors": n, "lora": lora}
 pages, source = wikitext_test_pages(allow_slice=True)
 out["pages"], out["source"], out["first"] = len(pages), source, pages[1].strip().splitlines()[0].strip()
+assert packaged_calibration_sample().resolve().is_relative_to(site)
 print(json.dumps(out))
 """
 
@@ -71,7 +74,7 @@ def test_wheel_ships_routers_and_demo_data(tmp_path):
         assert {f"wide/checkpoints/{n}/wide_config.json", f"wide/checkpoints/{n}/routers.safetensors"} <= names
     for lora in ("wide/checkpoints/smollm2-135m-s25-lora", "wide/checkpoints/smollm2-135m-s50-lora"):
         assert {f"{lora}/adapter_config.json", f"{lora}/adapter_model.safetensors"} <= names
-    assert {"wide/data/wikitext/wiki.test.demo.raw.gz", "wide/data/README.md"} <= names
+    assert {"wide/data/wikitext/wiki.test.demo.raw.gz", "wide/data/README.md", f"wide/{CALIBRATION_SAMPLE}"} <= names
     site = tmp_path / "site"
     zipfile.ZipFile(whl).extractall(site)
     env = {k: v for k, v in os.environ.items() if k not in ("WIDE_DATA", "PYTHONPATH")}
@@ -99,6 +102,7 @@ def test_shipped_routers_resolve_by_name_and_path(tmp_path):
         resolve_routers("smollm2-135m-s99")
 
 
+@pytest.mark.data
 def test_packaged_slice_is_a_prefix_of_the_test_file():
     """The slice is the first pages of wiki.test.raw byte for byte (checked against the full file when present)."""
     with gzip.open(packaged_wikitext_slice(), "rt", encoding="utf-8") as f:
@@ -243,6 +247,7 @@ def test_task_configs_keep_the_hub_dataset_without_a_data_root(tmp_path, monkeyp
     assert cfg["dataset_path"] == "json" and (out / "boolq.jsonl").is_file()
 
 
+@pytest.mark.data
 @pytest.mark.slow
 def test_demo_budget_scores_the_same_tokens_from_the_slice_as_from_the_full_file(monkeypatch):
     """With SmolLM2's tokenizer, the demo's 8,192-token budget covers the same pages, tokens and words
@@ -272,3 +277,104 @@ def test_demo_budget_scores_the_same_tokens_from_the_slice_as_from_the_full_file
     assert (full["source"], sliced["source"]) == ("data root", "packaged slice")
     for k in ("docs", "tokens", "words", "bytes", "windows"):
         assert full[k] == sliced[k], k
+
+
+def test_calibration_sample_is_documented_training_text_not_the_test_slice():
+    """The packaged calibration sample: jsonl documents the calibration loader reads, none of them from the
+    WikiText-2 test slice, its sha256 and licence in src/wide/data/README.md."""
+    import hashlib
+
+    from wide.train.data import load_texts
+
+    sample = packaged_calibration_sample()
+    texts = load_texts(sample)
+    assert len(texts) >= 100 and all(t.strip() for t in texts)
+    with gzip.open(packaged_wikitext_slice(), "rt", encoding="utf-8") as f:
+        test_text = f.read()
+    assert not any(t[:200] in test_text for t in texts)
+    readme = (sample.parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index(f"## {Path(CALIBRATION_SAMPLE).relative_to('data').as_posix()}") :]
+    assert hashlib.sha256(sample.read_bytes()).hexdigest() in section
+    assert "license" in section.lower() and "ODC-By" in section
+
+
+def test_demo_calibration_needs_no_data_folder_and_checks_data_before_loading(tmp_path, monkeypatch):
+    """Without a data root `wide demo --calibrate` trains on the packaged sample; a --data path that does not
+    exist is refused by calibration_source, which runs before the model loads."""
+    from wide.demo import calibration_source
+    from wide.train.data import DataError
+
+    monkeypatch.delenv("WIDE_DATA", raising=False)
+    monkeypatch.setenv("WIDE_DATA_SEARCH", "0")
+    assert calibration_source(None, None) == (str(packaged_calibration_sample()), None)
+    with pytest.raises(DataError, match="does not exist"):
+        calibration_source(None, str(tmp_path / "missing.jsonl"))
+    root = tmp_path / "root"
+    (root / "redpajama" / "sample_redpajama").mkdir(parents=True)
+    (root / "redpajama" / "sample_redpajama" / "a.jsonl").write_text('{"text": "a document"}\n')
+    assert calibration_source(str(root), None) == (str(root / "redpajama" / "sample_redpajama"), root)
+
+
+def test_data_search_can_be_turned_off(tmp_path, monkeypatch):
+    """WIDE_DATA_SEARCH=0: no shared/data next to the working folder is used (what CI's no-data run relies on)."""
+    from wide.paths import find_data_dir
+
+    (tmp_path / "shared" / "data").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("WIDE_DATA", raising=False)
+    monkeypatch.delenv("WIDE_DATA_SEARCH", raising=False)
+    assert find_data_dir() == tmp_path / "shared" / "data"
+    monkeypatch.setenv("WIDE_DATA_SEARCH", "0")
+    assert find_data_dir() is None
+
+
+@pytest.mark.parametrize(
+    ("args", "cuda", "added"),
+    [
+        (["--model", "wide", "--tasks", "offline_boolq"], False, ["--include_path", "T", "--device", "cpu"]),
+        (["--model", "wide", "--tasks", "offline_boolq"], True, ["--include_path", "T"]),
+        (["run", "--model=wide", "--device", "cuda:1"], False, ["--include_path", "T"]),
+        (["ls", "tasks"], False, ["--include_path", "T"]),
+        (["--model", "wide", "--include_path", "mine"], False, ["--device", "cpu"]),
+    ],
+)
+def test_wide_lm_eval_adds_the_task_folder_and_the_cpu_without_cuda(args, cuda, added):
+    from wide.eval.lm_eval_cli import lm_eval_args
+
+    assert lm_eval_args(args, "T", cuda) == args + added
+
+
+def test_wide_lm_eval_refuses_zero_shot_tasks_without_data_or_hub(monkeypatch):
+    """No data root, hub offline: the zero-shot tasks are refused in one line before lm-eval (or a model) runs."""
+    import lm_eval.__main__
+
+    from wide.eval import lm_eval_cli, runner
+
+    monkeypatch.delenv("WIDE_DATA", raising=False)
+    monkeypatch.setenv("WIDE_DATA_SEARCH", "0")
+    monkeypatch.setattr(runner, "hub_online", lambda online=None: False)
+    monkeypatch.setattr(lm_eval.__main__, "cli_evaluate", lambda: pytest.fail("lm-eval ran"))
+    with pytest.raises(SystemExit, match=r"^error: the zero-shot tasks \(offline_boolq, wide_offline\).*WIDE_DATA"):
+        lm_eval_cli.main(["--model", "wide", "--tasks", "offline_boolq,offline_wikitext", "--tasks=wide_offline"])
+    assert lm_eval_cli.named_tasks(["--tasks", "a,b", "c", "--limit", "1"]) == ["a", "b", "c"]
+
+
+def test_demo_calibration_folder_is_removed_also_on_ctrl_c(tmp_path, monkeypatch):
+    import tempfile
+
+    from wide import demo
+
+    monkeypatch.delenv("WIDE_DATA", raising=False)
+    monkeypatch.setenv("WIDE_DATA_SEARCH", "0")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    seen = []
+
+    def interrupted(*args, calibrate, **kw):
+        (data, _), folder = calibrate
+        seen.append((data, folder.is_dir()))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(demo, "_run", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        demo.run_demo(calibrate=True)
+    assert seen == [(str(packaged_calibration_sample()), True)] and list(tmp_path.iterdir()) == []

@@ -1,6 +1,6 @@
 """The README is a product page: its quick-start block runs as written, its first screen has exactly the
-two commands a fresh machine needs (demo, tests — the latter as CI runs it), its command table names
-real subcommands, and its links resolve."""
+commands a fresh machine needs (torch for the CPU with the GPU line beside it, demo, tests — as CI runs them),
+its command table names real subcommands, and its links resolve."""
 
 from __future__ import annotations
 
@@ -27,13 +27,18 @@ def test_readme_is_short():
 def test_first_screen_has_the_demo_and_the_ci_test_command():
     first = _blocks("bash")[0]
     assert README.index(first) < len("\n".join(README.splitlines()[:25]))  # on the first screen
-    cmds = [line.split("#")[0].strip() for line in first.splitlines() if line.split("#")[0].strip()]
-    assert len(cmds) == 2
-    assert cmds[0].endswith("wide demo") and "pip install" in cmds[0]
-    ci = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines() if "pytest" in ln]
+    lines = [line for line in first.splitlines() if line.split("#")[0].strip()]
+    cmds = [line.split("#")[0].strip() for line in lines]
+    assert len(cmds) == 3
+    ci_text = (ROOT / ".ci" / "run").read_text()
+    # torch: the CPU wheel CI installs, the GPU line beside it
+    assert cmds[0].startswith("pip install torch==") and cmds[0].split("pip ", 1)[1] in ci_text
+    assert f"GPU: {cmds[0].split(' --index-url')[0]}" in lines[0]
+    assert cmds[1].endswith("wide demo") and "pip install" in cmds[1]
+    ci = [ln.strip() for ln in ci_text.splitlines() if ln.strip().startswith("python3 -m pytest")]
     assert ci, ".ci/run runs no pytest"
     # the same pytest invocation (CI says python3, the README python)
-    assert shlex.split(cmds[1])[1:] == shlex.split(ci[-1])[1:]
+    assert shlex.split(cmds[2])[1:] == shlex.split(ci[0])[1:]
 
 
 def test_command_table_names_real_subcommands():

@@ -318,6 +318,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
         check_wikitext=not a.no_lm_eval_check,
         runtime={"runtime": True, "masked": False, None: None}[a.path],
         strict_base=not a.no_strict_base,
+        online=a.online or None,
     )
     if not a.out:
         print(json.dumps(res, indent=1, default=str))
@@ -485,6 +486,11 @@ def cmd_viz(a: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------- bench
 def cmd_bench(a: argparse.Namespace) -> int:
+    if not torch.cuda.is_available():
+        raise ValueError(
+            f"wide bench {a.what} times the Triton kernels on an NVIDIA GPU: it needs CUDA (torch "
+            f"{torch.__version__} sees none here) and the `kernels` extra"
+        )
     if a.what == "kernels":
         from wide.bench.kernels import run_kernel_bench
 
@@ -778,18 +784,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="skip re-running WikiText-2 through lm-eval itself to confirm the native number",
     )
     e.add_argument("--no-strict-base", action="store_true", help=_NO_STRICT_HELP)
+    e.add_argument(
+        "--online",
+        action="store_true",
+        help="load what the data root does not hold (the zero-shot tasks, the full WikiText-2 test set) from the "
+        "Hugging Face hub (default: offline, as HF_HUB_OFFLINE / HF_DATASETS_OFFLINE say, else 1; without a data "
+        "root WikiText-2 is then the packaged slice and the zero-shot tasks are refused)",
+    )
     e.set_defaults(func=cmd_eval)
 
     d = sub.add_parser(
         "demo", formatter_class=_HelpFormatter, help="SmolLM2-135M dense vs WIDE: perplexity, sparsity, a continuation"
     )
-    d.add_argument("--routers", type=_routers, help=ROUTERS_HELP + " (default: both shipped ones)")
-    d.add_argument("--calibrate", action="store_true", help="first run a short 50%% calibration on the CPU")
+    d.add_argument("--routers", type=_routers, help=ROUTERS_HELP + " (default: every shipped one)")
+    d.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="first train 50%% routers for 40 steps on the CPU (the mechanics only) and score those instead",
+    )
     d.add_argument(
         "--data-dir",
         help=DATA_DIR_HELP + "; without one the WikiText-2 slice packaged with wide is scored",
     )
-    d.add_argument("--data", help="with --calibrate: " + DATA_HELP)
+    d.add_argument(
+        "--data",
+        help="with --calibrate: " + DATA_HELP.removesuffix(")") + ", else the calibration sample packaged with wide)",
+    )
     d.add_argument(
         "--max-tokens",
         type=int,
@@ -833,7 +853,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="kind",
         help="offsets fitted: per kind (attention / FFN), per router, one global, or none (clear them)",
     )
-    rf.add_argument("--data", help=DATA_HELP)
+    rf.add_argument("--data", help=DATA_HELP.replace("text to train on", "text the skip rates are measured on"))
     rf.add_argument("--data-dir", help=DATA_DIR_HELP)
     rf.add_argument("--batches", type=int, default=4, help="batches the skip rates are measured on")
     rf.add_argument("--batch-size", type=int, default=8, help="sequences per batch")
@@ -865,7 +885,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--out", default="plots", help="output folder for the PNGs and layer_sparsity.json")
     v.set_defaults(func=cmd_viz)
 
-    b = sub.add_parser("bench", formatter_class=_HelpFormatter, help="GPU benchmarks")
+    b = sub.add_parser("bench", formatter_class=_HelpFormatter, help="GPU benchmarks (CUDA only)")
     b.add_argument("what", choices=["kernels", "e2e"], help="kernels: routed ops vs cuBLAS / SDPA; e2e: TTFT / TPOT")
     b.add_argument("--out", default="bench/results", help="output folder for the JSON / markdown records")
     b.add_argument("--quick", action="store_true", help="a few shapes only (a smoke run)")

@@ -18,27 +18,32 @@ __all__ = ["run_demo", "shipped_routers"]
 CALIBRATION_DEFAULT = "redpajama/sample_redpajama"  # under the data root
 
 
-def _short_calibration(model, tokenizer, data_dir: str | None, data: str | None, out: Path) -> Path:
-    from wide.config import WideConfig
-    from wide.paths import find_data_dir
-    from wide.train.calibrate import TrainConfig, calibrate
-    from wide.train.data import load_calibration_data
+def calibration_source(data_dir: str | None, data: str | None) -> tuple[str, Path | None]:
+    """(the text `wide demo --calibrate` trains on, the data root): --data, else the data root's RedPajama
+    sample, else the sample packaged with `wide`. A --data path that does not exist is an error here, before
+    any model loads."""
+    from wide.paths import find_data_dir, packaged_calibration_sample
+    from wide.train.data import source_fingerprint
 
     root = find_data_dir(data_dir)
     if data is None:
-        if root is None:
-            raise FileNotFoundError(
-                "wide demo --calibrate trains on the RedPajama sample of a data folder: pass --data-dir DIR / set "
-                "WIDE_DATA, or name the text with --data (a .txt/.jsonl/.parquet file, a folder, or a Hugging "
-                "Face dataset name when online)"
-            )
-        data = str(root / CALIBRATION_DEFAULT)
+        default = root / CALIBRATION_DEFAULT if root is not None else None
+        data = str(default if default is not None and default.is_dir() else packaged_calibration_sample())
+    source_fingerprint(data, data_root=root)  # DataError (a ValueError) naming a missing path
+    return data, root
+
+
+def _short_calibration(model, tokenizer, data: str, root: Path | None, out: Path) -> Path:
+    from wide.config import WideConfig
+    from wide.train.calibrate import TrainConfig, calibrate
+    from wide.train.data import load_calibration_data
+
     ds = load_calibration_data(data, tokenizer, seq_len=256, data_root=root)
     wm = WideModel(model, WideConfig(sparsity=0.5))
     tc = TrainConfig(steps=40, batch_size=4, seq_len=256, lr=5e-3, log_every=5, save_every=1000, fit_batches=2)
     print(
-        f"calibrating routers: {tc.steps} steps x {tc.batch_size} x {tc.seq_len} tokens on the CPU. This shows "
-        "the mechanics only: 40 steps cannot teach 50% routing (the loss is still falling after 1,000 GPU "
+        f"calibrating routers: {tc.steps} steps x {tc.batch_size} x {tc.seq_len} tokens on the CPU, on {data}. This "
+        "shows the mechanics only: 40 steps cannot teach 50% routing (the loss is still falling after 1,000 GPU "
         "steps of 16 x 2,048 tokens), so expect a broken model; the shipped routers are the quality reference."
     )
     calibrate(wm, ds, tc, out)
@@ -74,15 +79,34 @@ def run_demo(
 
     routers: a checkpoint folder or a shipped name (default: every shipped SmolLM2-135M checkpoint).
     data_dir: the data root (default: $WIDE_DATA / shared/data, else the WikiText-2 slice packaged with
-    `wide`). data: the text `calibrate` trains on (default: the RedPajama sample under the data root)."""
+    `wide`). data: the text `calibrate` trains on (default: the RedPajama sample under the data root, else
+    the calibration sample packaged with `wide`). The calibrated routers live in a temporary folder that is
+    removed on return (also on Ctrl-C)."""
+    if not calibrate:
+        return _run(resolve_routers(routers) if routers else None, data_dir, max_tokens, prompt, device)
+    source = calibration_source(data_dir, data)
+    with tempfile.TemporaryDirectory(prefix="wide-demo-") as tmp:
+        return _run(None, data_dir, max_tokens, prompt, device, calibrate=(source, Path(tmp)))
+
+
+def _run(
+    routers: Path | None,
+    data_dir: str | None,
+    max_tokens: int,
+    prompt: str,
+    device: str | None,
+    calibrate: tuple[tuple[str, Path | None], Path] | None = None,
+) -> dict:
+    """run_demo's body. calibrate: ((text, data root), folder) to train routers into first."""
     from wide.eval.perplexity import wikitext_perplexity
 
     dev = torch.device(device or "cpu")
     t0 = time.time()
     model, tok = load_model(SMOLLM2, dtype=torch.float32, device=dev)
-    if calibrate:
-        routers = str(_short_calibration(model, tok, data_dir, data, Path(tempfile.mkdtemp(prefix="wide-demo-"))))
-    ckpts = [resolve_routers(routers)] if routers else shipped_routers()
+    if calibrate is not None:
+        (data, root), out = calibrate
+        routers = _short_calibration(model, tok, data, root, out)
+    ckpts = [routers] if routers else shipped_routers()
     print(f"model: SmolLM2-135M (embedded GGUF, fp32, {dev}); routers: {', '.join(c.name for c in ckpts)}")
     print(
         f"WikiText-2 test, first {max_tokens} tokens only (a CPU slice; the README's numbers are the "

@@ -1,7 +1,8 @@
 """Where the offline data, the packaged demo data, the shipped routers and the caches live.
 
 Data lookup (see README "Data"): the data root is ``--data-dir``, else ``$WIDE_DATA``, else a
-``shared/data`` next to the working directory or the repository; when there is one, its files are used.
+``shared/data`` next to the working directory or the repository (a search ``WIDE_DATA_SEARCH=0`` turns off:
+CI does, to run the tests as on a machine without any data folder); when there is one, its files are used.
 Without a data root: the WikiText-2 slice packaged with ``wide`` (the demo's tokens only), then Hugging
 Face ``datasets`` when online (cached by ``datasets``).
 """
@@ -12,6 +13,7 @@ import os
 from pathlib import Path
 
 DATA_ENV = "WIDE_DATA"
+SEARCH_ENV = "WIDE_DATA_SEARCH"  # "0": no shared/data search next to the working directory or the repository
 CACHE_ENV = "WIDE_CACHE"
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -21,6 +23,9 @@ SHIPPED_ROUTERS = ("smollm2-135m-s25", "smollm2-135m-s25-lora", "smollm2-135m-s5
 # The first pages of WikiText-2's test split, as raw text (gzip): the pages `wide demo` scores plus the
 # one that ends its token budget. Attribution and provenance: src/wide/data/README.md.
 WIKITEXT_SLICE = "data/wikitext/wiki.test.demo.raw.gz"
+# A few hundred KB of RedPajama's C4 sample (training text, not the test slice): what `wide demo --calibrate`
+# trains on without a data root. Attribution and provenance: src/wide/data/README.md.
+CALIBRATION_SAMPLE = "data/calibration/c4-sample.jsonl"
 
 
 def check_outside_package(path: str | os.PathLike, flag: str) -> None:
@@ -32,6 +37,8 @@ def check_outside_package(path: str | os.PathLike, flag: str) -> None:
 
 
 def _candidates() -> list[Path]:
+    if os.environ.get(SEARCH_ENV, "1") == "0":
+        return []
     here = Path(__file__).resolve()
     repo = here.parents[2]  # src/wide/paths.py -> repo root (editable installs)
     cwd = Path.cwd()
@@ -76,7 +83,7 @@ def data_dir(override: str | os.PathLike | None = None) -> Path:
     raise _NoDataDir(
         "no data directory found: pass --data-dir DIR or set WIDE_DATA=DIR to a folder laid out like "
         "shared/data (wikitext/wiki.test.raw, redpajama/, arc_easy/, ...); looked in "
-        + ", ".join(str(c) for c in _candidates())
+        + (", ".join(str(c) for c in _candidates()) or f"no folder (${SEARCH_ENV}=0)")
     )
 
 
@@ -102,6 +109,14 @@ def packaged_wikitext_slice() -> Path:
     p = PACKAGE_DIR / WIKITEXT_SLICE
     if not p.is_file():
         raise FileNotFoundError(f"packaged WikiText-2 slice {p} is missing (a broken install?)")
+    return p
+
+
+def packaged_calibration_sample() -> Path:
+    """The small calibration text shipped with the package (what `wide demo --calibrate` trains on by default)."""
+    p = PACKAGE_DIR / CALIBRATION_SAMPLE
+    if not p.is_file():
+        raise FileNotFoundError(f"packaged calibration sample {p} is missing (a broken install?)")
     return p
 
 

@@ -365,16 +365,9 @@ def test_budget_plot_rows_labels_and_goals(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> Path:
-    """The --tiny model directory, made once for the tests below (each links it into its --work)."""
-    from wide.paths import data_dir
-
-    try:
-        root = data_dir()
-    except FileNotFoundError:
-        pytest.skip("offline data not found: set WIDE_DATA")
-    if not (root / "wikitext" / "wiki.test.raw").is_file():
-        pytest.skip("no WikiText-2 data")
+def tiny_model(tmp_path_factory, data_root) -> Path:
+    """The --tiny model directory, made once for the tests below (each links it into its --work); needs the
+    data root (tests/conftest.py's data_root: skipped without one)."""
     work = tmp_path_factory.mktemp("tiny")
     qr.tiny_setup(qr.parse_args(["--tiny", "--out", "unused"]), work)
     return work / "tiny-model"

@@ -137,3 +137,86 @@ def test_run_eval_through_the_runtime_equals_the_masked_path(data_root, tiny_dir
     m, s = masked["rows"][str(tiny_routers)]["sparsity"], served["rows"][str(tiny_routers)]["sparsity"]
     assert s["all"]["tokens"] == m["all"]["tokens"] > 0
     assert s["all"]["attn_sparsity"] == m["all"]["attn_sparsity"] > 0
+
+
+@pytest.fixture
+def no_data_no_hub(monkeypatch, tmp_path):
+    """As on a fresh machine: no data root (WIDE_DATA unset, no shared/data search), the hub unreachable, and
+    a temp folder of its own (to see what is left there)."""
+    import tempfile
+
+    import datasets
+
+    local = datasets.load_dataset
+
+    def hub_unreachable(path, *a, **k):  # local files (lm-eval's "json" tasks) still load
+        if path == "json":
+            return local(path, *a, **k)
+        raise ConnectionError("no network")
+
+    monkeypatch.delenv("WIDE_DATA", raising=False)
+    monkeypatch.setenv("WIDE_DATA_SEARCH", "0")
+    monkeypatch.setattr(datasets, "load_dataset", hub_unreachable)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    return tmp
+
+
+def test_run_eval_without_data_or_hub_scores_the_packaged_slice_and_says_so(tiny_dir, no_data_no_hub, capsys):
+    """WikiText-2 falls back to the pages packaged with wide: the output, the records and the table say it is a
+    slice; lm-eval's own wikitext task scores the same pages; the task folder is removed afterwards."""
+    from wide.eval.runner import run_eval
+    from wide.eval.tasks import packaged_wikitext_pages
+
+    res = run_eval(str(tiny_dir), [], "wikitext", max_length=128, batch_size=8, device="cpu")
+    err = capsys.readouterr().err
+    assert "slice packaged with wide" in err and "not the full test set" in err
+    ppl = res["rows"]["dense"]["wikitext"]
+    assert ppl["source"] == "packaged slice" and ppl["docs"] == len(packaged_wikitext_pages())
+    assert ppl["lm_eval_rel_diff"] < 1e-4  # lm-eval's wikitext task read the same pages
+    assert (res["settings"]["wikitext_source"], res["settings"]["hub"]) == ("packaged slice", "offline")
+    assert "WikiText2 (slice)" in res["markdown"] and "not the full test set" in res["markdown"]
+    assert list(no_data_no_hub.iterdir()) == []
+
+
+def test_zero_shot_tasks_without_data_or_hub_refuse_in_one_line_before_loading(no_data_no_hub, monkeypatch, capsys):
+    from wide.cli import main
+    from wide.eval import lm_eval_model
+
+    def loaded(*a, **k):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(lm_eval_model, "load_routed", loaded)
+    assert main(["eval", "--tasks", "all", "--limit", "1", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: the zero-shot tasks") and "--online" in err
+    assert "WIDE_DATA" in err and list(no_data_no_hub.iterdir()) == []
+
+
+def test_hub_mode_is_what_the_libraries_read():
+    """Unset variables: offline; online=True: what huggingface_hub and datasets then read (fresh processes:
+    both read the variables once, when imported)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    for arg, want in (("None", "False"), ("True", "True"), ("False", "False")):
+        code = f"from wide.eval.runner import hub_online; print(hub_online({arg}))"
+        run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert run.stdout.strip().splitlines()[-1] == want, arg
+
+
+def test_run_eval_removes_its_task_folder_on_ctrl_c(tiny_dir, no_data_no_hub, monkeypatch):
+    from wide.eval import lm_eval_model
+    from wide.eval.runner import run_eval
+
+    def interrupted(*a, **k):
+        assert [p.name for p in no_data_no_hub.iterdir()][0].startswith("wide-tasks-")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(lm_eval_model, "load_routed", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_eval(str(tiny_dir), [], "wikitext", device="cpu")
+    assert list(no_data_no_hub.iterdir()) == []

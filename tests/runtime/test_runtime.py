@@ -435,14 +435,16 @@ def test_graphed_prefill_equals_eager_on_gpu(routed, compile):
 def test_shipped_routers_serve_what_was_evaluated(name, monkeypatch):
     """The shipped routers on SmolLM2-135M in bf16 (CPU torch path): the runtime scores two WikiText-2
     windows with the masked path's decisions (0 of ~100k differing) and its logits, bit for bit."""
-    from wide.eval.tasks import data_path
+    import gzip
+
     from wide.model import load_model, load_routers
-    from wide.paths import resolve_routers
+    from wide.paths import packaged_wikitext_slice, resolve_routers
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     model, tok = load_model("smollm2-135m", dtype=torch.bfloat16, device="cpu")
     wm = load_routers(model, str(resolve_routers(name))).eval()
-    toks = tok.encode(data_path("wikitext", 0, None).read_text(encoding="utf-8")[:20000])
+    with gzip.open(packaged_wikitext_slice(), "rt", encoding="utf-8") as f:  # wiki.test.raw's first bytes
+        toks = tok.encode(f.read()[:20000])
     ids = torch.tensor([toks[:192], toks[500:692]])
     with torch.no_grad():
         ref = wm(ids).logits

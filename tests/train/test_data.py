@@ -14,6 +14,7 @@ import torch
 from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
 
+from wide.paths import find_data_dir
 from wide.train import data as D
 from wide.train.data import (
     DataError,
@@ -24,7 +25,9 @@ from wide.train.data import (
     train_eval_split,
 )
 
-REDPAJAMA = Path("/work/shared/data/redpajama/sample_redpajama")
+# the data root's RedPajama sample, found at import (the _no_env fixture below clears WIDE_DATA for each test)
+_ROOT = find_data_dir()
+REDPAJAMA = _ROOT / "redpajama" / "sample_redpajama" if _ROOT else None
 
 
 def char_tokenizer(pad: bool = True) -> PreTrainedTokenizerFast:
@@ -120,9 +123,10 @@ def test_custom_text_field_and_data_root(tmp_path, monkeypatch):
     assert load_texts("x.jsonl", text_field="content") == ["c1"]
 
 
+@pytest.mark.data
 def test_redpajama_sample_dir():
-    if not REDPAJAMA.is_dir():
-        pytest.skip("redpajama sample not present")
+    if REDPAJAMA is None or not REDPAJAMA.is_dir():
+        pytest.skip("no data root with redpajama/sample_redpajama (set WIDE_DATA)")
     texts = load_texts(REDPAJAMA, max_docs=50)
     assert len(texts) == 50 and all(isinstance(t, str) and t for t in texts)
     assert load_texts(REDPAJAMA / "wiki", max_docs=2) == load_texts(REDPAJAMA / "wiki", max_docs=2)

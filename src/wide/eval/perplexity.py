@@ -107,6 +107,7 @@ def wikitext_perplexity(
     device: torch.device | str | None = None,
     meter=None,
     desc: str = "wikitext",
+    fallback_slice: bool = False,
 ) -> dict:
     """WikiText-2 test perplexity as lm-eval's `wikitext` task computes it.
 
@@ -114,7 +115,8 @@ def wikitext_perplexity(
     once this many tokens are scored (at least one document; a lone longer document is cut, and then
     only token perplexity is reported). Returns word_perplexity, byte_perplexity, bits_per_byte,
     token_perplexity, the counts they come from, and `source` (data root, packaged slice or hub; see
-    `tasks.wikitext_test_pages`). desc: the progress bar's label (what is being scored)."""
+    `tasks.wikitext_test_pages`). desc: the progress bar's label (what is being scored). fallback_slice: with
+    neither a data root nor the hub, score the packaged slice (its `source` says so)."""
     from lm_eval.tasks.wikitext.preprocess_wikitext import wikitext_detokenizer
 
     prefix = prefix_token_id(tokenizer)
@@ -139,10 +141,11 @@ def wikitext_perplexity(
 
     # A slice of the test set may come from the pages packaged with `wide` when no data root holds the
     # full file; if the slice ends before the requested budget does, the full set is read instead.
-    pages, source = wikitext_test_pages(data_dir, allow_slice=max_tokens is not None or limit_docs is not None)
+    limited = max_tokens is not None or limit_docs is not None
+    pages, source = wikitext_test_pages(data_dir, allow_slice=limited, fallback_slice=fallback_slice)
     windows, owner, words, nbytes, ntok, truncated, complete = windows_of(pages)
-    if source == "packaged slice" and not complete:
-        pages, source = wikitext_test_pages(data_dir)
+    if source == "packaged slice" and not complete and limited:
+        pages, source = wikitext_test_pages(data_dir, fallback_slice=fallback_slice)
         windows, owner, words, nbytes, ntok, truncated, _ = windows_of(pages)
     n_docs = max(owner) + 1 if owner else 0
     lls = window_loglikelihoods(

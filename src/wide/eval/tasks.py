@@ -230,31 +230,41 @@ def wikitext_pages(text: str) -> list[str]:
 WIKITEXT_HUB = ("EleutherAI/wikitext_document_level", "wikitext-2-raw-v1", "test")
 
 
-def wikitext_test_pages(data_dir: str | Path | None = None, *, allow_slice: bool = False) -> tuple[list[str], str]:
+def wikitext_test_pages(
+    data_dir: str | Path | None = None, *, allow_slice: bool = False, fallback_slice: bool = False
+) -> tuple[list[str], str]:
     """(pages of WikiText-2's test split, where they came from: "data root", "packaged slice" or "hub").
 
     Lookup: wikitext/wiki.test.raw under the data root (flag, $WIDE_DATA, shared/data; a root without
     that file is an error naming it); with no data root, the first pages packaged with `wide` when
     `allow_slice` (a caller that needs more pages than the slice holds must call again without it); else
-    `datasets.load_dataset(WIKITEXT_HUB)` (online, cached by `datasets`). FileNotFoundError when none is
-    available."""
+    `datasets.load_dataset(WIKITEXT_HUB)` (online, or its cache under HF_DATASETS_OFFLINE); when that fails
+    too, the packaged pages if `fallback_slice` (the caller must say it scored a slice). FileNotFoundError
+    when none is available."""
     if find_data_dir(data_dir) is not None:
         return wikitext_pages(data_path("wikitext", 0, data_dir).read_text(encoding="utf-8")), "data root"
     if allow_slice:
-        with gzip.open(packaged_wikitext_slice(), "rt", encoding="utf-8") as f:
-            return wikitext_pages(f.read()), "packaged slice"
+        return packaged_wikitext_pages(), "packaged slice"
     try:
         import datasets
 
         name, config, split = WIKITEXT_HUB
         pages = list(datasets.load_dataset(name, config, split=split)["page"])
     except Exception as e:  # offline, hub unreachable, datasets missing: all surface the same way
+        if fallback_slice:
+            return packaged_wikitext_pages(), "packaged slice"
         raise FileNotFoundError(
             "WikiText-2 test set not found: no data root (set WIDE_DATA or --data-dir), and loading "
             f"{WIKITEXT_HUB[0]} ({WIKITEXT_HUB[1]}) "
             f"from the Hugging Face hub failed ({type(e).__name__}: {e})"
         ) from e
     return pages, "hub"
+
+
+def packaged_wikitext_pages() -> list[str]:
+    """The first pages of WikiText-2's test split packaged with `wide` (wide.paths.WIKITEXT_SLICE)."""
+    with gzip.open(packaged_wikitext_slice(), "rt", encoding="utf-8") as f:
+        return wikitext_pages(f.read())
 
 
 def wikitext_docs(path: Path) -> list[dict]:
@@ -318,19 +328,23 @@ def write_task_dir(
     *,
     data_dir: str | Path | None = None,
     out_dir: str | Path | None = None,
+    wikitext_slice: bool = False,
 ) -> Path:
-    """Write `offline_<task>` configs (+ their JSONL docs) into out_dir (a new temp dir by default)
-    and return it: pass it to lm-eval as `include_path` / `--include_path`. With no data root at all a
-    task keeps lm-eval's hub dataset (loaded online, cached by `datasets`); a data root that lacks a
-    task's file is an error naming it."""
+    """Write `offline_<task>` configs (+ their JSONL docs) into out_dir (a new temp dir by default, which
+    the caller removes) and return it: pass it to lm-eval as `include_path` / `--include_path`. With no data
+    root at all a task keeps lm-eval's hub dataset (loaded online, cached by `datasets`); a data root that
+    lacks a task's file is an error naming it. wikitext_slice: `wikitext` reads the packaged slice."""
     out = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="wide-tasks-"))
     out.mkdir(parents=True, exist_ok=True)
     for task in resolve_tasks(list(tasks)):
-        if find_data_dir(data_dir) is None:  # no data root: lm-eval's own config, its hub dataset (online)
+        if task == "wikitext" and wikitext_slice:
+            docs = [{"page": p} for p in packaged_wikitext_pages()]
+        elif find_data_dir(data_dir) is None:  # no data root: lm-eval's own config, its hub dataset (online)
             cfg = {"include": str(builtin_yaml(task)), "task": OFFLINE_PREFIX + task, "tag": [OFFLINE_TAG]}
             (out / f"{OFFLINE_PREFIX}{task}.yaml").write_text(json.dumps(cfg, indent=1), encoding="utf-8")
             continue
-        docs = build_docs(task, data_dir)
+        else:
+            docs = build_docs(task, data_dir)
         docs_file = (out / f"{task}.jsonl").resolve()
         with docs_file.open("w", encoding="utf-8") as f:
             for d in docs:
