@@ -138,10 +138,12 @@ def _attention(
     ck: torch.Tensor,
     cv: torch.Tensor,
     st: StepConfig,
+    active: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Masks]:
     """x: [B, T, D] -> (attention block output [B, T, D], this layer's masks: the attention router's on this
     layer's input, and the FFN's too when it reads the layer input; None when dense or not decided here) and
-    writes this layer's K/V into the cache."""
+    writes this layer's K/V into the cache. ``active`` [B] bool (decode): rows set False run no attention or FFN
+    group (their masks are all False: they read no KV and add nothing to the weights the batch's union reads)."""
     b, t, _ = x.shape
     h2 = rms_norm(x, w.ln_attn, st.eps).reshape(b * t, -1)  # [M, D]
     kv_width = st.n_kv * st.head_dim
@@ -149,6 +151,9 @@ def _attention(
     if st.routed:
         rin = x if st.router_residual else h2.view(b, t, -1)  # [B, T, D]: what the routers read
         mask, ffn_mask = decide(rin, w.head_attn, w.head_ffn if st.ffn_router_from_layer else None)
+        if active is not None:  # idle rows of a padded decode batch: no group runs
+            mask = mask & active[:, None, None]
+            ffn_mask = None if ffn_mask is None else ffn_mask & active[:, None, None]
         k, v = F.linear(h2, w.w_kv, w.b_kv).split([kv_width, kv_width], dim=-1)  # [M, Hk*d] each
         plan = K.plan(b * t, st.g_attn, mask.shape[-1], st.attn_sparsity_hint, force_k=st.force_k)
         route = K.plan_route(mask, plan)
@@ -170,6 +175,8 @@ def _attention(
     cv.index_put_((bidx, pos), v)
     if st.decode:
         m = mask[:, 0] if mask is not None else torch.ones(b, st.n_kv, dtype=torch.bool, device=x.device)
+        if mask is None and active is not None:
+            m = m & active[:, None]
         o = K.routed_attention_decode(q[:, 0], ck[:b], cv[:b], lens + 1, m).unsqueeze(1)  # [B, 1, Hq, d]
     elif st.routed:
         o = K.routed_attention_prefill(q, ck[:b, :t], cv[:b, :t], mask, route=route)
@@ -203,7 +210,11 @@ def decide(
 
 
 def _ffn(
-    x: torch.Tensor, w: LayerWeights, st: StepConfig, mask: torch.Tensor | None = None
+    x: torch.Tensor,
+    w: LayerWeights,
+    st: StepConfig,
+    mask: torch.Tensor | None = None,
+    active: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """x: [B, T, D] -> (FFN block output [B, T, D], execute mask [B, T, N_G] or None when dense); ``mask``:
     the decisions already taken from the layer input (ffn_router_from_layer), else the router reads x's."""
@@ -212,6 +223,8 @@ def _ffn(
     if st.routed:
         if mask is None:
             mask = K.router_decisions(x if st.router_residual else h2.view(b, t, -1), *w.head_ffn)  # [B, T, N_G]
+            if active is not None:
+                mask = mask & active[:, None, None]
         plan = K.plan(b * t, st.g_ffn, mask.shape[-1], st.ffn_sparsity_hint, force_k=st.force_k)
         route = K.plan_route(mask, plan)
         a = K.routed_swiglu(h2, w.w_gate, w.w_up, route, st.g_ffn)  # zeros if inactive
@@ -234,13 +247,15 @@ def layer_step(
     ck: torch.Tensor,
     cv: torch.Tensor,
     st: StepConfig,
+    active: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Masks]:
     """One decoder layer: x [B, T, D] at positions pos [B, T] (cos/sin [B, T, d]; lens [B]: cached
     tokens before this step) -> (x [B, T, D], this layer's execute masks, None when dense). Tensors only
-    (plus the static ``st``), so that one compiled step serves every layer."""
-    a, masks = _attention(x, cos, sin, pos, lens, w, ck, cv, st)
+    (plus the static ``st``), so that one compiled step serves every layer. ``active`` [B] bool: rows that run
+    (None: all); the others run no group (``_attention``)."""
+    a, masks = _attention(x, cos, sin, pos, lens, w, ck, cv, st, active)
     x = x + a
-    f, ffn_mask = _ffn(x, w, st, masks.ffn)
+    f, ffn_mask = _ffn(x, w, st, masks.ffn, active)
     return x + f, Masks(masks.attn, ffn_mask)
 
 
@@ -314,7 +329,14 @@ class WideRuntime:
     dynamo's recompile limit to 64 for the process). ``fused_decode``: decode steps run the fused decode
     layer (``wide.runtime.fused``: at most six launches per layer, max_batch <= 16; prefill is unchanged);
     None (default): on a GPU wherever it serves the runtime, else the unfused step; True: the fused layer
-    or a ValueError saying why not; False: the unfused step."""
+    or a ValueError saying why not; False: the unfused step. ``batch_invariant``: the fused decode attention
+    splits every running pair's keys into ``attn_split_cap(max_seq)`` parts (the cache size alone) instead of a
+    count read from the batch's running pairs, so that a row's rounding does not depend on its batch-mates' masks
+    (docs/serving.md#batch-invariant-mode; the serving engine also fixes the padded batch size in that mode).
+
+    Slots (``wide.serve``): ``prefill(ids, slot=s)`` fills cache row s alone (other rows are neither read nor
+    written); ``decode(ids, active)`` steps rows [0, B) each at its own ``cache.lens``, rows with ``active`` False
+    running no group (docs/serving.md#what-idle-rows-compute)."""
 
     def __init__(
         self,
@@ -328,6 +350,7 @@ class WideRuntime:
         ffn_sparsity_hint: float | Sequence[float] | None = None,
         compile: bool = False,
         fused_decode: bool | None = None,
+        batch_invariant: bool = False,
     ):
         self.wm, self.hf = wm, wm.model
         self.layers = decoder_layers(self.hf)
@@ -364,6 +387,9 @@ class WideRuntime:
         self.heads = [(r.attn.fold(p.dtype), r.ffn.fold(p.dtype)) for r in wm.routers]
         self.weights = [self._layer_weights(i, layer) for i, layer in enumerate(self.layers)]
         self.cache = StaticCache.empty(d.n_layers, max_batch, max_seq, d.n_kv_heads, d.head_dim, p.dtype, p.device)
+        self.batch_invariant = batch_invariant
+        self.attn_splits: int | None = None  # fused decode attention's fixed split count (None: the running-pair rule)
+        self.last_masks: list[Masks] = []  # the unfused path's last forward: per layer, its execute masks
         # per layer, prefill and decode; layers whose hints pick the same schedules share a config
         hints = list(zip(self.attn_sparsity_hints, self.ffn_sparsity_hints, strict=True))
         self.step_configs = {dec: [self._step_config(dec, *h) for h in hints] for dec in (False, True)}
@@ -381,6 +407,10 @@ class WideRuntime:
         if fused_decode:
             check_fused(self, max_batch)
             self.fused_layers = build_fused_layers(self)
+            if batch_invariant:
+                from wide.kernels.fused_decode import attn_split_cap
+
+                self.attn_splits = attn_split_cap(max_seq)
             self.router_stream = torch.cuda.Stream(p.device) if p.is_cuda and routed else None
 
     def _layer_weights(self, i: int, layer) -> LayerWeights:
@@ -455,16 +485,28 @@ class WideRuntime:
 
     # ------------------------------------------------------------------ pieces
     def _forward(
-        self, ids: torch.Tensor, pos: torch.Tensor, decode: bool, every_position: bool = False
+        self,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        decode: bool,
+        every_position: bool = False,
+        slot: int = 0,
+        active: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """ids: [B, T], pos: [B, T] absolute positions -> fp32 logits of the last position [B, V], or with
-        ``every_position`` the logits of every position [B, T, V] in the model dtype (scoring)."""
+        ``every_position`` the logits of every position [B, T, V] in the model dtype (scoring). The batch runs in
+        cache rows [slot, slot + B) (views: no other row is read or written); ``active``: see ``layer_step``."""
         x = self.hf.model.embed_tokens(ids)  # [B, T, D]
         cos, sin = self.hf.model.rotary_emb(x, pos)  # [B, T, d], once for every layer
-        lens = self.cache.lens[: ids.shape[0]]
+        rows = slice(slot, slot + ids.shape[0])
+        lens = self.cache.lens[rows]
         meter = self.wm.meter if (self.wm.metering and self.routed) else None
+        self.last_masks = []
         for i, (w, st) in enumerate(zip(self.weights, self.step_configs[decode], strict=True)):
-            x, masks = self.step(x, cos, sin, pos, lens, w, self.cache.k[i], self.cache.v[i], st)
+            ck, cv = self.cache.k[i][rows], self.cache.v[i][rows]  # [B, S, Hk, d] views
+            x, masks = self.step(x, cos, sin, pos, lens, w, ck, cv, st, active)
+            if self.routed:
+                self.last_masks.append(masks)
             if meter is not None:
                 meter.record(i, "attn", masks.attn)
                 meter.record(i, "ffn", masks.ffn)
@@ -486,13 +528,16 @@ class WideRuntime:
 
     # ------------------------------------------------------------------ API
     @torch.no_grad()
-    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
-        """A fresh batch of equal-length prompts ids: [B, T] -> next-token logits [B, V] (fp32)."""
+    def prefill(self, ids: torch.Tensor, slot: int = 0) -> torch.Tensor:
+        """A fresh batch of equal-length prompts ids: [B, T] -> next-token logits [B, V] (fp32), written to
+        cache rows [slot, slot + B) (a serving engine prefills one request into its own slot: B = 1)."""
         self._check_ids(ids, "prefill")
         b, t = ids.shape
+        if not 0 <= slot <= self.cache.k.shape[1] - b:
+            raise ValueError(f"prefill: rows [{slot}, {slot + b}) outside the cache's {self.cache.k.shape[1]}")
         pos = torch.arange(t, device=ids.device).expand(b, t)
-        logits = self._forward(ids, pos, decode=False)
-        self.cache.lens[:b] = t
+        logits = self._forward(ids, pos, decode=False, slot=slot)
+        self.cache.lens[slot : slot + b] = t
         return logits
 
     @torch.no_grad()
@@ -509,20 +554,24 @@ class WideRuntime:
         return logits
 
     @torch.no_grad()
-    def decode(self, ids: torch.Tensor) -> torch.Tensor:
+    def decode(self, ids: torch.Tensor, active: torch.Tensor | None = None) -> torch.Tensor:
         """One step: ids [B, 1] at each sequence's cache length -> logits [B, V]. No host sync: the
-        caller keeps the cache length below max_seq (``generate`` checks it once)."""
+        caller keeps the cache length below max_seq (``generate`` checks it once). ``active`` [B] bool (serving:
+        a padded batch of slots): rows set False restart at length 0 and run no attention or FFN group; they still
+        write one K/V entry at position 0 of their own row (docs/serving.md#what-idle-rows-compute)."""
         if ids.dim() != 2 or ids.shape[1] != 1 or ids.shape[0] > self.cache.k.shape[1]:
             raise ValueError(f"decode takes ids [B <= {self.cache.k.shape[1]}, 1], got shape {tuple(ids.shape)}")
         if ids.device != self.cache.k.device:
             raise ValueError(f"decode: ids on {ids.device}, the model on {self.cache.k.device}")
         b = ids.shape[0]
+        if active is not None:  # idle rows: length 0, so their one K/V write stays at position 0 of their row
+            self.cache.lens[:b].mul_(active)
         pos = self.cache.lens[:b].long()[:, None]  # [B, 1]
         if self.fused_layers is not None:
             from wide.runtime.fused import fused_decode_step
 
-            logits = fused_decode_step(self, ids, pos)
+            logits = fused_decode_step(self, ids, pos, active)
         else:
-            logits = self._forward(ids, pos, decode=True)
+            logits = self._forward(ids, pos, decode=True, active=active)
         self.cache.lens[:b] += 1
         return logits
