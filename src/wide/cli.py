@@ -358,6 +358,35 @@ def cmd_generate(a: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- serve
+def cmd_serve(a: argparse.Namespace) -> int:
+    """An OpenAI-compatible server over the continuous-batching engine (docs/serving.md)."""
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        print('error: wide serve needs the serving extra: pip install "wide[serve]"', file=sys.stderr)
+        return 2
+    from wide.serve.server import build_engine, serve
+
+    device = _device(a.device)
+    engine, tok = build_engine(
+        a.model,
+        a.routers,
+        max_batch=a.max_batch,
+        max_seq=a.max_seq,
+        queue_size=a.queue_size,
+        batch_invariant=a.batch_invariant,
+        dtype=_dtype(a.dtype, device),
+        device=device,
+    )
+    name = a.served_model_name or a.model
+    mode = f"routers {a.routers}" if a.routers else "dense"
+    print(f"serving {name} ({mode}) on http://{a.host}:{a.port}/v1 ({a.max_batch} slots)", file=sys.stderr)
+    serve(engine, tok, name, a.host, a.port)
+    return 0
+
+
 # --------------------------------------------------------------------------- refit
 def cmd_refit(a: argparse.Namespace) -> int:
     from wide.baselines import TRAINING_FREE, load, method_of
@@ -757,6 +786,28 @@ def build_parser() -> argparse.ArgumentParser:
     gn.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     gn.add_argument("--device", help=DEVICE_HELP)
     gn.set_defaults(func=cmd_generate)
+
+    sv = sub.add_parser(
+        "serve",
+        formatter_class=_HelpFormatter,
+        help="an OpenAI-compatible HTTP server (continuous batching; needs the serve extra)",
+    )
+    sv.add_argument("--model", default="smollm2-135m", help=MODEL_HELP)
+    sv.add_argument("--routers", type=_routers, help=ROUTERS_HELP + " (default: none, the model is served dense)")
+    sv.add_argument("--served-model-name", help="the model id clients send (default: --model)")
+    sv.add_argument("--max-batch", type=int, default=8, help="cache slots: requests decoded together")
+    sv.add_argument("--max-seq", type=int, default=2048, help="tokens per slot: prompt + max_tokens at most")
+    sv.add_argument("--queue-size", type=int, default=256, help="waiting requests beyond which the server answers 429")
+    sv.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="a request's tokens do not depend on its batch-mates (fixed attention splits and decode batch size)",
+    )
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    sv.add_argument("--port", type=int, default=8000, help="port to listen on")
+    sv.add_argument("--dtype", default="auto", help=DTYPE_HELP)
+    sv.add_argument("--device", help=DEVICE_HELP)
+    sv.set_defaults(func=cmd_serve)
 
     rf = sub.add_parser(
         "refit",

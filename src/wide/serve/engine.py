@@ -127,15 +127,38 @@ class _Request:
 
 
 @dataclass
+class Histogram:
+    """Counts of observations <= each bound (Prometheus' cumulative buckets are sums of these), their sum and
+    count: fixed memory however many requests pass."""
+
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)  # per bound, then one for +Inf
+    total: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * (len(self.bounds) + 1)
+
+    def observe(self, v: float) -> None:
+        self.counts[next((i for i, b in enumerate(self.bounds) if v <= b), len(self.bounds))] += 1
+        self.total += v
+        self.count += 1
+
+
+_TTFT_BOUNDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_SPARSITY_BOUNDS = tuple(i / 10 for i in range(1, 11))
+
+
+@dataclass
 class EngineCounters:
-    """Totals since the engine started (the server's /metrics reads a copy)."""
+    """Totals since the engine started (the server's /metrics reads them)."""
 
     requests_finished: dict[str, int] = field(default_factory=dict)  # by finish_reason
     prompt_tokens: int = 0
     generated_tokens: int = 0
-    ttft: list[float] = field(default_factory=list)  # per finished request (seconds); the server bins them
-    attn_sparsity: list[float] = field(default_factory=list)  # per finished routed request
-    ffn_sparsity: list[float] = field(default_factory=list)
+    ttft: Histogram = field(default_factory=lambda: Histogram(_TTFT_BOUNDS))  # seconds, per finished request
+    attn_sparsity: Histogram = field(default_factory=lambda: Histogram(_SPARSITY_BOUNDS))  # per routed request
+    ffn_sparsity: Histogram = field(default_factory=lambda: Histogram(_SPARSITY_BOUNDS))
 
 
 def padded_sizes(max_batch: int) -> list[int]:
@@ -370,10 +393,10 @@ class Engine:
         c = self.counters
         c.requests_finished[reason] = c.requests_finished.get(reason, 0) + 1
         if ttft is not None:
-            c.ttft.append(ttft)
+            c.ttft.observe(ttft)
         if attn is not None:
-            c.attn_sparsity.append(attn)
-            c.ffn_sparsity.append(ffn)
+            c.attn_sparsity.observe(attn)
+            c.ffn_sparsity.observe(ffn)
         r.sink(Output(r.id, toks or [], new, res))
 
     # ------------------------------------------------------------------ drivers
@@ -448,13 +471,17 @@ class Engine:
             if not done:
                 self.cancel(rid)
 
-    async def astream(self, prompt: Sequence[int], params: SamplingParams | None = None) -> AsyncIterator[Output]:
-        """``stream`` for asyncio: Outputs cross into the running loop (``call_soon_threadsafe``); a consumer that
-        stops early (client disconnect, task cancelled) cancels the request."""
+    def astream(self, prompt: Sequence[int], params: SamplingParams | None = None) -> AsyncIterator[Output]:
+        """``stream`` for asyncio (call it inside the running loop): submits at once (RequestError / QueueFull
+        raise here), then Outputs cross into the loop (``call_soon_threadsafe``); a consumer that stops early
+        (client disconnect, task cancelled) cancels the request."""
         loop = asyncio.get_running_loop()
         q: asyncio.Queue[Output] = asyncio.Queue()
         self.start()
         rid = self.submit(prompt, params, lambda o: loop.call_soon_threadsafe(q.put_nowait, o))
+        return self._drain(rid, q)
+
+    async def _drain(self, rid: str, q: asyncio.Queue) -> AsyncIterator[Output]:
         done = False
         try:
             while not done:
