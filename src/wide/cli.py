@@ -486,6 +486,25 @@ def cmd_bench(a: argparse.Namespace) -> int:
         )
         print(f"{len(rows)} records in {time.time() - t:.0f}s -> {a.out}")
         return 0
+    if a.what == "serve":
+        from wide.bench.serve import run_serve_bench
+
+        t = time.time()
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device == "cpu" and not a.smoke:
+            raise ValueError("wide bench serve measures a GPU: on the CPU run it with --smoke")
+        rows = run_serve_bench(
+            a.out,
+            smoke=a.smoke,
+            device=device,
+            dtype=torch.bfloat16 if device == "cuda" else torch.float32,
+            budget_s=a.budget_s,
+            workloads=a.workloads,
+            concurrency=a.concurrency,
+            parts=a.parts,
+        )
+        print(f"{len(rows)} records in {time.time() - t:.0f}s -> {a.out}")
+        return 0
     raise SystemExit(f"unknown benchmark {a.what!r}")
 
 
@@ -853,7 +872,11 @@ def build_parser() -> argparse.ArgumentParser:
     v.set_defaults(func=cmd_viz)
 
     b = sub.add_parser("bench", formatter_class=_HelpFormatter, help="GPU benchmarks")
-    b.add_argument("what", choices=["kernels", "e2e"], help="kernels: routed ops vs cuBLAS / SDPA; e2e: TTFT / TPOT")
+    b.add_argument(
+        "what",
+        choices=["kernels", "e2e", "serve"],
+        help="kernels: routed ops vs cuBLAS / SDPA; e2e: TTFT / TPOT; serve: the serving engine under load",
+    )
     b.add_argument("--out", default="bench/results", help="output folder for the JSON / markdown records")
     b.add_argument("--quick", action="store_true", help="a few shapes only (a smoke run)")
     b.add_argument(
@@ -872,6 +895,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument(
         "--ffn-group-size", type=int, default=128, help="e2e: the routers' FFN channels per decision (G_ffn)"
+    )
+    b.add_argument("--smoke", action="store_true", help="serve: a tiny model and tiny lengths (runs on the CPU)")
+    b.add_argument("--budget-s", type=float, default=420.0, help="serve: start no new row past this many seconds")
+    b.add_argument(
+        "--workloads", type=lambda t: tuple(t.split(",")), default=("chat", "long"), help="serve: chat, long"
+    )
+    b.add_argument("--concurrency", type=_csv(int, 1, 16), default=(1, 4, 16), help="serve: requests in flight")
+    b.add_argument(
+        "--parts",
+        type=lambda t: tuple(t.split(",")),
+        default=("engine", "bare", "hf", "batch"),
+        help="serve: engine rows, the bare B 1 step, HF generate, greedy batch dependence",
     )
     b.set_defaults(func=cmd_bench)
     return p

@@ -173,7 +173,8 @@ class Engine:
     ``max_context``: the model's context (default: its config's max_position_embeddings);
     ``batch_invariant``: decode every step at max_batch rows (with the runtime built ``batch_invariant=True``, a
     request's greedy tokens then do not depend on its batch-mates); ``cuda_graphs``: replay captured decode steps
-    on CUDA."""
+    on CUDA; ``step_hook(busy slots, their cached tokens before the step, the step's masks)``: called after every
+    decode step (benchmarks: the bytes a step reads)."""
 
     def __init__(
         self,
@@ -185,6 +186,7 @@ class Engine:
         max_context: int | None = None,
         batch_invariant: bool | None = None,
         cuda_graphs: bool = True,
+        step_hook: Callable[[list[int], list[int], list], None] | None = None,
     ):
         self.rt, self.tokenizer = rt, tokenizer
         self.max_batch, self.max_seq = rt.cache.k.shape[1], rt.cache.k.shape[2]
@@ -216,6 +218,7 @@ class Engine:
         self._ran = torch.zeros(self.max_batch, 2, dtype=torch.float64, device=self.device)
         self._groups = (n_layers * rt.wm.dims.n_kv_heads, n_layers * rt.weights[0].w_down.shape[1] // rt.g_ffn)
         self._meter = routed
+        self.step_hook = step_hook
         self._graphs: dict[int, GraphedDecode] = {}
         if cuda_graphs and self.device.type == "cuda":
             rt.cache.reset()
@@ -326,6 +329,8 @@ class Engine:
             logits, masks = self.rt.decode(ids, active), step_masks(self.rt)
         if self._meter:
             self._ran[:b] += self._count(masks, b)
+        if self.step_hook is not None:
+            self.step_hook(busy, [r.tokens_run for r in rows], masks)
         sel = torch.tensor(busy, device=self.device)
         picks = sample(
             logits.index_select(0, sel),
