@@ -38,7 +38,11 @@ class Server:
     def __init__(self, *args: str, timeout: float = 300):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(Path(wide.__file__).parents[1]))
+        # one intra-op thread: the server shares the machine's cores with the test's client threads (several
+        # spinning OpenMP threads per process slow every small op of a busy machine by an order of magnitude)
+        env = dict(
+            os.environ, TRITON_INTERPRET="0", OMP_NUM_THREADS="1", PYTHONPATH=str(Path(wide.__file__).parents[1])
+        )
         cmd = [sys.executable, "-m", "wide.cli", "serve", "--port", str(self.port), "--device", "cpu", *args]
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         deadline = time.time() + timeout
