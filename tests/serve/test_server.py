@@ -35,14 +35,12 @@ def _free_port() -> int:
 class Server:
     """A `wide serve` subprocess; ``url``: its base URL once /health answers."""
 
-    def __init__(self, *args: str, timeout: float = 300):
+    def __init__(self, *args: str, timeout: float = 300, threads: int | None = None):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        # one intra-op thread: the server shares the machine's cores with the test's client threads (several
-        # spinning OpenMP threads per process slow every small op of a busy machine by an order of magnitude)
-        env = dict(
-            os.environ, TRITON_INTERPRET="0", OMP_NUM_THREADS="1", PYTHONPATH=str(Path(wide.__file__).parents[1])
-        )
+        env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(Path(wide.__file__).parents[1]))
+        if threads is not None:  # intra-op threads (the load test's server shares the cores with 32 client threads)
+            env["OMP_NUM_THREADS"] = str(threads)
         cmd = [sys.executable, "-m", "wide.cli", "serve", "--port", str(self.port), "--device", "cpu", *args]
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         deadline = time.time() + timeout
@@ -211,7 +209,8 @@ def test_load_200_requests_at_concurrency_32(tmp_path):
     from wide.model.loading import save_tiny_llama
 
     path = save_tiny_llama(tmp_path / "tiny")
-    server = Server("--model", str(path), "--max-batch", "8", "--max-seq", "64", "--queue-size", "64")
+    # one intra-op thread: spinning OpenMP threads on cores shared with the client threads slow every small op
+    server = Server("--model", str(path), "--max-batch", "8", "--max-seq", "64", "--queue-size", "64", threads=1)
     try:
         c = server.client()
 
