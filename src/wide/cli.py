@@ -399,6 +399,35 @@ def cmd_generate(a: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- serve
+def cmd_serve(a: argparse.Namespace) -> int:
+    """An OpenAI-compatible server over the continuous-batching engine (docs/serving.md)."""
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        print('error: wide serve needs the serving extra: pip install "wide[serve]"', file=sys.stderr)
+        return 2
+    from wide.serve.server import build_engine, serve
+
+    device = _device(a.device)
+    engine, tok = build_engine(
+        a.model,
+        a.routers,
+        max_batch=a.max_batch,
+        max_seq=a.max_seq,
+        queue_size=a.queue_size,
+        batch_invariant=a.batch_invariant,
+        dtype=_dtype(a.dtype, device),
+        device=device,
+    )
+    name = a.served_model_name or a.model
+    mode = f"routers {a.routers}" if a.routers else "dense"
+    print(f"serving {name} ({mode}) on http://{a.host}:{a.port}/v1 ({a.max_batch} slots)", file=sys.stderr)
+    serve(engine, tok, name, a.host, a.port)
+    return 0
+
+
 # --------------------------------------------------------------------------- refit
 def cmd_refit(a: argparse.Namespace) -> int:
     from wide.baselines import TRAINING_FREE, load, method_of
@@ -486,7 +515,7 @@ def cmd_viz(a: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------- bench
 def cmd_bench(a: argparse.Namespace) -> int:
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() and not (a.what == "serve" and a.smoke):
         raise ValueError(
             f"wide bench {a.what} times the Triton kernels on an NVIDIA GPU: it needs CUDA (torch "
             f"{torch.__version__} sees none here) and the `kernels` extra"
@@ -505,6 +534,25 @@ def cmd_bench(a: argparse.Namespace) -> int:
         kw = {k: v for k, v in (("batches", a.batches), ("sparsities", a.sparsities)) if v}
         rows = run_e2e_bench(
             a.out, quick=a.quick, compile=a.compile, fused_decode=a.fused_decode, ffn_group_size=a.ffn_group_size, **kw
+        )
+        print(f"{len(rows)} records in {time.time() - t:.0f}s -> {a.out}")
+        return 0
+    if a.what == "serve":
+        from wide.bench.serve import run_serve_bench
+
+        t = time.time()
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device == "cpu" and not a.smoke:
+            raise ValueError("wide bench serve measures a GPU: on the CPU run it with --smoke")
+        rows = run_serve_bench(
+            a.out,
+            smoke=a.smoke,
+            device=device,
+            dtype=torch.bfloat16 if device == "cuda" else torch.float32,
+            budget_s=a.budget_s,
+            workloads=a.workloads,
+            concurrency=a.concurrency,
+            parts=a.parts,
         )
         print(f"{len(rows)} records in {time.time() - t:.0f}s -> {a.out}")
         return 0
@@ -840,6 +888,28 @@ def build_parser() -> argparse.ArgumentParser:
     gn.add_argument("--device", help=DEVICE_HELP)
     gn.set_defaults(func=cmd_generate)
 
+    sv = sub.add_parser(
+        "serve",
+        formatter_class=_HelpFormatter,
+        help="an OpenAI-compatible HTTP server (continuous batching; needs the serve extra)",
+    )
+    sv.add_argument("--model", default="smollm2-135m", help=MODEL_HELP)
+    sv.add_argument("--routers", type=_routers, help=ROUTERS_HELP + " (default: none, the model is served dense)")
+    sv.add_argument("--served-model-name", help="the model id clients send (default: --model)")
+    sv.add_argument("--max-batch", type=int, default=8, help="cache slots: requests decoded together")
+    sv.add_argument("--max-seq", type=int, default=2048, help="tokens per slot: prompt + max_tokens at most")
+    sv.add_argument("--queue-size", type=int, default=256, help="waiting requests beyond which the server answers 429")
+    sv.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="a request's tokens do not depend on its batch-mates (fixed attention splits and decode batch size)",
+    )
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    sv.add_argument("--port", type=int, default=8000, help="port to listen on")
+    sv.add_argument("--dtype", default="auto", help=DTYPE_HELP)
+    sv.add_argument("--device", help=DEVICE_HELP)
+    sv.set_defaults(func=cmd_serve)
+
     rf = sub.add_parser(
         "refit",
         formatter_class=_HelpFormatter,
@@ -885,8 +955,14 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--out", default="plots", help="output folder for the PNGs and layer_sparsity.json")
     v.set_defaults(func=cmd_viz)
 
-    b = sub.add_parser("bench", formatter_class=_HelpFormatter, help="GPU benchmarks (CUDA only)")
-    b.add_argument("what", choices=["kernels", "e2e"], help="kernels: routed ops vs cuBLAS / SDPA; e2e: TTFT / TPOT")
+    b = sub.add_parser(
+        "bench", formatter_class=_HelpFormatter, help="GPU benchmarks (CUDA only; serve --smoke runs on the CPU)"
+    )
+    b.add_argument(
+        "what",
+        choices=["kernels", "e2e", "serve"],
+        help="kernels: routed ops vs cuBLAS / SDPA; e2e: TTFT / TPOT; serve: the serving engine under load",
+    )
     b.add_argument("--out", default="bench/results", help="output folder for the JSON / markdown records")
     b.add_argument("--quick", action="store_true", help="a few shapes only (a smoke run)")
     b.add_argument(
@@ -905,6 +981,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument(
         "--ffn-group-size", type=int, default=128, help="e2e: the routers' FFN channels per decision (G_ffn)"
+    )
+    b.add_argument("--smoke", action="store_true", help="serve: a tiny model and tiny lengths (runs on the CPU)")
+    b.add_argument("--budget-s", type=float, default=420.0, help="serve: start no new row past this many seconds")
+    b.add_argument(
+        "--workloads", type=lambda t: tuple(t.split(",")), default=("chat", "long"), help="serve: chat, long"
+    )
+    b.add_argument("--concurrency", type=_csv(int, 1, 16), default=(1, 4, 16), help="serve: requests in flight")
+    b.add_argument(
+        "--parts",
+        type=lambda t: tuple(t.split(",")),
+        default=("engine", "bare", "hf", "batch"),
+        help="serve: engine rows, the bare B 1 step, HF generate, greedy batch dependence",
     )
     b.set_defaults(func=cmd_bench)
     return p

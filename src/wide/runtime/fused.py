@@ -135,11 +135,12 @@ def check_fused(rt, max_batch: int) -> None:
 
 @torch.no_grad()
 def fused_decode_step(
-    rt, ids: torch.Tensor, pos: torch.Tensor
+    rt, ids: torch.Tensor, pos: torch.Tensor, active: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor | None]]]:
     """ids [B, 1] at positions pos [B, 1] (= the cache lengths) -> (logits [B, V], per routed layer its masks
     (attention [B, Hk], FFN [B, G])); writes each layer's K/V at pos. The caller advances ``rt.cache.lens``
-    and keeps the masks (``WideRuntime.fused_masks``)."""
+    and keeps the masks (``WideRuntime.fused_masks``). ``active`` [B] bool: routed rows set False run no group
+    (dense ones attend to their own position alone); ``rt.attn_splits`` fixes attention's split count."""
     b = ids.shape[0]
     layers, st = rt.fused_layers, rt.step_configs[True][0]
     x = rt.hf.model.embed_tokens(ids)  # [B, 1, D]
@@ -164,16 +165,23 @@ def fused_decode_step(
         # for every read queued on the main stream.
         with torch.cuda.stream(side) if side is not None else nullcontext():
             mask_a, mask_f = decide(rin, w.router_attn, w.router_ffn if early else None)
+            if active is not None and mask_a is not None:  # idle rows of a padded batch run no group
+                mask_a = mask_a & active[:, None]
+                mask_f = None if mask_f is None else mask_f & active[:, None]
         q = FD.qkv_rope_cache(
             h, w.w_qkv, w.b_qkv, None if overlap else mask_a, cos, sin, p, rt.cache.k[i], rt.cache.v[i], st.n_q,
             w.q_norm, w.k_norm, st.qk_eps,
         )  # fmt: skip
         if side is not None:  # join: attention reads the attention mask
             main.wait_stream(side)
-        o = FD.attention_decode_merged(q, rt.cache.k[i], rt.cache.v[i], lens, mask_a, len_add=1)
+        o = FD.attention_decode_merged(
+            q, rt.cache.k[i], rt.cache.v[i], lens, mask_a, len_add=1, num_splits=rt.attn_splits
+        )
         x, h = FD.o_proj_residual_norm(o.view(b, -1), w.wo, w.bo, mask_a, x, w.ln_ffn, w.eps_ffn)
         if w.router_ffn is not None and not early:  # the FFN router reads the FFN block's input
             mask_f = router_decisions(x if st.router_residual else h, *w.router_ffn)
+            if active is not None:
+                mask_f = mask_f & active[:, None]
         nxt = layers[i + 1] if i + 1 < len(layers) else None
         norm_w, eps = (nxt.ln_attn, nxt.eps_attn) if nxt is not None else (final.weight, final.variance_epsilon)
         x, h = FD.ffn_residual_norm(h, w.w_gate, w.w_up, w.w_down, mask_f, x, norm_w, float(eps), rt.g_ffn, w.b_down)

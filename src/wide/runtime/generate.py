@@ -14,23 +14,41 @@ from wide.runtime.model import WideRuntime
 
 
 class GraphedDecode:
-    """The runtime's decode step captured once in a CUDA graph (static input ids, static logits)."""
+    """The runtime's decode step captured once in a CUDA graph (static input ids, static logits).
 
-    def __init__(self, rt: WideRuntime, batch: int):
+    ``rows=True`` (serving): the step also reads a static ``active`` [B] bool (``WideRuntime.decode``'s idle
+    rows) and keeps the step's execute masks (``masks``: per layer (attention [B, Hk], FFN [B, N_G]), routed only),
+    refreshed by every replay."""
+
+    def __init__(self, rt: WideRuntime, batch: int, rows: bool = False):
         dev = rt.cache.k.device
         self.rt, self.ids = rt, torch.zeros(batch, 1, dtype=torch.long, device=dev)
+        self.active = torch.ones(batch, dtype=torch.bool, device=dev) if rows else None
         lens = rt.cache.lens.clone()
-        _warm(lambda: rt.decode(self.ids))
+        _warm(lambda: rt.decode(self.ids, self.active))
         rt.cache.lens.copy_(lens)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self.logits = rt.decode(self.ids)
+            self.logits = rt.decode(self.ids, self.active)
         rt.cache.lens.copy_(lens)  # capture recorded the step; nothing ran
+        self.masks = step_masks(rt)
 
-    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+    def __call__(self, ids: torch.Tensor, active: torch.Tensor | None = None) -> torch.Tensor:
         self.ids.copy_(ids)
+        if active is not None:
+            self.active.copy_(active)
         self.graph.replay()
         return self.logits
+
+
+def step_masks(rt: WideRuntime) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The execute masks of the runtime's last decode step, per layer (attention [B, ..., Hk], FFN [B, ..., N_G]);
+    empty when dense."""
+    if not rt.routed:
+        return []
+    if rt.fused_layers is not None:
+        return list(rt.fused_masks)
+    return [(m.attn, m.ffn) for m in rt.last_masks]
 
 
 def _warm(fn, n: int = 2) -> None:

@@ -99,10 +99,12 @@ def _attention(
     ck: torch.Tensor,
     cv: torch.Tensor,
     st: StepConfig,
+    active: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Masks]:
     """x: [B, T, D] -> (attention block output [B, T, D], this layer's masks: the attention router's on this
     layer's input, and the FFN's too when it reads the layer input; None when dense or not decided here) and
-    writes this layer's K/V into the cache."""
+    writes this layer's K/V into the cache. ``active`` [B] bool (decode): rows set False run no attention or FFN
+    group (their masks are all False: they read no KV and add nothing to the weights the batch's union reads)."""
     b, t, _ = x.shape
     h2 = rms_norm(x, w.ln_attn, st.eps).reshape(b * t, -1)  # [M, D]
     kv_width = st.n_kv * st.head_dim
@@ -110,6 +112,9 @@ def _attention(
     if st.routed:
         rin = x if st.router_residual else h2.view(b, t, -1)  # [B, T, D]: what the routers read
         mask, ffn_mask = decide(rin, w.head_attn, w.head_ffn if st.ffn_router_from_layer else None)
+        if active is not None:  # idle rows of a padded decode batch: no group runs
+            mask = mask & active[:, None, None]
+            ffn_mask = None if ffn_mask is None else ffn_mask & active[:, None, None]
         k, v = F.linear(h2, w.w_kv, w.b_kv).split([kv_width, kv_width], dim=-1)  # [M, Hk*d] each
         plan = K.plan(b * t, st.g_attn, mask.shape[-1], st.attn_sparsity_hint, force_k=st.force_k)
         route = K.plan_route(mask, plan)
@@ -131,6 +136,8 @@ def _attention(
     cv.index_put_((bidx, pos), v)
     if st.decode:
         m = mask[:, 0] if mask is not None else torch.ones(b, st.n_kv, dtype=torch.bool, device=x.device)
+        if mask is None and active is not None:
+            m = m & active[:, None]
         o = K.routed_attention_decode(q[:, 0], ck[:b], cv[:b], lens + 1, m).unsqueeze(1)  # [B, 1, Hq, d]
     elif st.routed:
         o = K.routed_attention_prefill(q, ck[:b, :t], cv[:b, :t], mask, route=route)
@@ -164,7 +171,11 @@ def decide(
 
 
 def _ffn(
-    x: torch.Tensor, w: LayerWeights, st: StepConfig, mask: torch.Tensor | None = None
+    x: torch.Tensor,
+    w: LayerWeights,
+    st: StepConfig,
+    mask: torch.Tensor | None = None,
+    active: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """x: [B, T, D] -> (FFN block output [B, T, D], execute mask [B, T, N_G] or None when dense); ``mask``:
     the decisions already taken from the layer input (ffn_router_from_layer), else the router reads x's."""
@@ -173,6 +184,8 @@ def _ffn(
     if st.routed:
         if mask is None:
             mask = K.router_decisions(x if st.router_residual else h2.view(b, t, -1), *w.head_ffn)  # [B, T, N_G]
+            if active is not None:
+                mask = mask & active[:, None, None]
         plan = K.plan(b * t, st.g_ffn, mask.shape[-1], st.ffn_sparsity_hint, force_k=st.force_k)
         route = K.plan_route(mask, plan)
         a = K.routed_swiglu(h2, w.w_gate, w.w_up, route, st.g_ffn)  # zeros if inactive
@@ -195,11 +208,13 @@ def layer_step(
     ck: torch.Tensor,
     cv: torch.Tensor,
     st: StepConfig,
+    active: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Masks]:
     """One decoder layer: x [B, T, D] at positions pos [B, T] (cos/sin [B, T, d]; lens [B]: cached
     tokens before this step) -> (x [B, T, D], this layer's execute masks, None when dense). Tensors only
-    (plus the static ``st``), so that one compiled step serves every layer."""
-    a, masks = _attention(x, cos, sin, pos, lens, w, ck, cv, st)
+    (plus the static ``st``), so that one compiled step serves every layer. ``active`` [B] bool: rows that run
+    (None: all); the others run no group (``_attention``)."""
+    a, masks = _attention(x, cos, sin, pos, lens, w, ck, cv, st, active)
     x = x + a
-    f, ffn_mask = _ffn(x, w, st, masks.ffn)
+    f, ffn_mask = _ffn(x, w, st, masks.ffn, active)
     return x + f, Masks(masks.attn, ffn_mask)

@@ -40,7 +40,7 @@ import torch
 from wide import kernels as K
 from wide.config import NO_GROUP_ROUTERS
 from wide.model.wide_model import WideModel, decoder_layers
-from wide.runtime.layer import LayerWeights, StepConfig, layer_step
+from wide.runtime.layer import LayerWeights, Masks, StepConfig, layer_step
 from wide.target import planned_rates
 
 
@@ -136,7 +136,14 @@ class WideRuntime:
     dynamo's recompile limit to 64 for the process). ``fused_decode``: decode steps run the fused decode
     layer (``wide.runtime.fused``: at most six launches per layer, max_batch <= 16; prefill is unchanged);
     None (default): on a GPU wherever it serves the runtime, else the unfused step; True: the fused layer
-    or a ValueError saying why not; False: the unfused step."""
+    or a ValueError saying why not; False: the unfused step. ``batch_invariant``: the fused decode attention
+    splits every running pair's keys into ``attn_split_cap(max_seq)`` parts (the cache size alone) instead of a
+    count read from the batch's running pairs, so that a row's rounding does not depend on its batch-mates' masks
+    (docs/serving.md#batch-invariant-mode; the serving engine also fixes the padded batch size in that mode).
+
+    Slots (``wide.serve``): ``prefill(ids, slot=s)`` fills cache row s alone (other rows are neither read nor
+    written); ``decode(ids, active)`` steps rows [0, B) each at its own ``cache.lens``, rows with ``active`` False
+    running no group (docs/serving.md#what-idle-rows-compute)."""
 
     def __init__(
         self,
@@ -150,6 +157,7 @@ class WideRuntime:
         ffn_sparsity_hint: float | Sequence[float] | None = None,
         compile: bool = False,
         fused_decode: bool | None = None,
+        batch_invariant: bool = False,
     ):
         self.wm, self.hf = wm, wm.model
         self.layers = decoder_layers(self.hf)
@@ -186,6 +194,9 @@ class WideRuntime:
         self.heads = [(r.attn.fold(p.dtype), r.ffn.fold(p.dtype)) for r in wm.routers]
         self.weights = [self._layer_weights(i, layer) for i, layer in enumerate(self.layers)]
         self.cache = StaticCache.empty(d.n_layers, max_batch, max_seq, d.n_kv_heads, d.head_dim, p.dtype, p.device)
+        self.batch_invariant = batch_invariant
+        self.attn_splits: int | None = None  # fused decode attention's fixed split count (None: the running-pair rule)
+        self.last_masks: list[Masks] = []  # the unfused path's last forward: per layer, its execute masks
         # per layer, prefill and decode; layers whose hints pick the same schedules share a config
         hints = list(zip(self.attn_sparsity_hints, self.ffn_sparsity_hints, strict=True))
         self.step_configs = {dec: [self._step_config(dec, *h) for h in hints] for dec in (False, True)}
@@ -205,6 +216,10 @@ class WideRuntime:
         if fused_decode:
             check_fused(self, max_batch)
             self.fused_layers = build_fused_layers(self)
+            if batch_invariant:
+                from wide.kernels.fused_decode import attn_split_cap
+
+                self.attn_splits = attn_split_cap(max_seq)
             self.router_stream = torch.cuda.Stream(p.device) if p.is_cuda and routed else None
 
     def _layer_weights(self, i: int, layer) -> LayerWeights:
@@ -272,16 +287,28 @@ class WideRuntime:
 
     # ------------------------------------------------------------------ pieces
     def _forward(
-        self, ids: torch.Tensor, pos: torch.Tensor, decode: bool, every_position: bool = False
+        self,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        decode: bool,
+        every_position: bool = False,
+        slot: int = 0,
+        active: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """ids: [B, T], pos: [B, T] absolute positions -> fp32 logits of the last position [B, V], or with
-        ``every_position`` the logits of every position [B, T, V] in the model dtype (scoring)."""
+        ``every_position`` the logits of every position [B, T, V] in the model dtype (scoring). The batch runs in
+        cache rows [slot, slot + B) (views: no other row is read or written); ``active``: see ``layer_step``."""
         x = self.hf.model.embed_tokens(ids)  # [B, T, D]
         cos, sin = self.hf.model.rotary_emb(x, pos)  # [B, T, d], once for every layer
-        lens = self.cache.lens[: ids.shape[0]]
+        rows = slice(slot, slot + ids.shape[0])
+        lens = self.cache.lens[rows]
         meter = self.wm.meter if (self.wm.metering and self.routed) else None
+        self.last_masks = []
         for i, (w, st) in enumerate(zip(self.weights, self.step_configs[decode], strict=True)):
-            x, masks = self.step(x, cos, sin, pos, lens, w, self.cache.k[i], self.cache.v[i], st)
+            ck, cv = self.cache.k[i][rows], self.cache.v[i][rows]  # [B, S, Hk, d] views
+            x, masks = self.step(x, cos, sin, pos, lens, w, ck, cv, st, active)
+            if self.routed:
+                self.last_masks.append(masks)
             if meter is not None:
                 meter.record(i, "attn", masks.attn)
                 meter.record(i, "ffn", masks.ffn)
@@ -303,13 +330,16 @@ class WideRuntime:
 
     # ------------------------------------------------------------------ API
     @torch.no_grad()
-    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
-        """A fresh batch of equal-length prompts ids: [B, T] -> next-token logits [B, V] (fp32)."""
+    def prefill(self, ids: torch.Tensor, slot: int = 0) -> torch.Tensor:
+        """A fresh batch of equal-length prompts ids: [B, T] -> next-token logits [B, V] (fp32), written to
+        cache rows [slot, slot + B) (a serving engine prefills one request into its own slot: B = 1)."""
         self._check_ids(ids, "prefill")
         b, t = ids.shape
+        if not 0 <= slot <= self.cache.k.shape[1] - b:
+            raise ValueError(f"prefill: rows [{slot}, {slot + b}) outside the cache's {self.cache.k.shape[1]}")
         pos = torch.arange(t, device=ids.device).expand(b, t)
-        logits = self._forward(ids, pos, decode=False)
-        self.cache.lens[:b] = t
+        logits = self._forward(ids, pos, decode=False, slot=slot)
+        self.cache.lens[slot : slot + b] = t
         return logits
 
     @torch.no_grad()
@@ -326,21 +356,25 @@ class WideRuntime:
         return logits
 
     @torch.no_grad()
-    def decode(self, ids: torch.Tensor) -> torch.Tensor:
+    def decode(self, ids: torch.Tensor, active: torch.Tensor | None = None) -> torch.Tensor:
         """One step: ids [B, 1] at each sequence's cache length -> logits [B, V]. No host sync: the
-        caller keeps the cache length below max_seq (``generate`` checks it once)."""
+        caller keeps the cache length below max_seq (``generate`` checks it once). ``active`` [B] bool (serving:
+        a padded batch of slots): rows set False restart at length 0 and run no attention or FFN group; they still
+        write one K/V entry at position 0 of their own row (docs/serving.md#what-idle-rows-compute)."""
         if ids.dim() != 2 or ids.shape[1] != 1 or ids.shape[0] > self.cache.k.shape[1]:
             raise ValueError(f"decode takes ids [B <= {self.cache.k.shape[1]}, 1], got shape {tuple(ids.shape)}")
         if ids.device != self.cache.k.device:
             raise ValueError(f"decode: ids on {ids.device}, the model on {self.cache.k.device}")
         b = ids.shape[0]
+        if active is not None:  # idle rows: length 0, so their one K/V write stays at position 0 of their row
+            self.cache.lens[:b].mul_(active)
         pos = self.cache.lens[:b].long()[:, None]  # [B, 1]
         if self.fused_layers is not None:
             from wide.runtime.fused import fused_decode_step
 
             # under CUDA-graph capture the masks are the graph's outputs, refreshed by every replay
-            logits, self.fused_masks = fused_decode_step(self, ids, pos)
+            logits, self.fused_masks = fused_decode_step(self, ids, pos, active)
         else:
-            logits = self._forward(ids, pos, decode=True)
+            logits = self._forward(ids, pos, decode=True, active=active)
         self.cache.lens[:b] += 1
         return logits
