@@ -1,7 +1,7 @@
 """Long-context and batched decode: the B x context grid of TPOT with each ratio beside its byte limit, and
 TTFT of long prompts, on one GPU (docs/long-context.md).
 
-    PYTHONUNBUFFERED=1 python -m bench.decode.long_context --out $OUT --budget-s 480
+    PYTHONUNBUFFERED=1 PYTHONPATH=src:. python -m bench.decode.long_context --out $OUT --budget-s 480
 
 Writes $OUT/long-context-CARD.json (a JSON list, one record per row, written after every row so a run cut
 short keeps what finished) and $OUT/long-context-CARD.md (the command and the tables of
@@ -291,9 +291,14 @@ def run_grid(cfg: GridConfig, out: Path, command: str) -> list[dict]:
     wm = WideModel(model, WideConfig(ffn_group_size=32 if cfg.smoke else 128))
     probe = torch.randint(0, shape["vocab_size"], (1, 32 if cfg.smoke else 512), device=dev)
     states = {}  # level name -> router weights fitted to its rates (one fit per level)
-    for lv in cfg.levels:
+    for lv in list(cfg.levels):
         if lv.attn is not None:
-            routers_at(wm, lv.attn, lv.ffn, probe)
+            try:
+                routers_at(wm, lv.attn, lv.ffn, probe)
+            except Exception as exc:  # noqa: BLE001 - the level is left out, the grid goes on
+                emit({"kind": "tpot", "variant": "wide", "level": lv.name, "error": f"routers: {exc}"[:400]})
+                cfg.levels.remove(lv)
+                continue
             states[lv.name] = {k: v.clone() for k, v in wm.routers.state_dict().items()}
     elem = torch.tensor([], dtype=dtype).element_size()
     for ctx in cfg.contexts:
