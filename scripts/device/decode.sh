@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call for the fused decode layer, each step with its own time limit in seconds (0 skips it):
-#   BENCH_S  scripts/bench_decode.py: TPOT dense / WIDE, fused / unfused, B 1 and 16 -> decode-CARD.{json,md}
+#   BENCH_S  bench/decode/bench_decode.py: TPOT dense / WIDE, fused / unfused, B 1 and 16 -> decode-CARD.{json,md}
 #   PROF_S   scripts/profile_e2e.py on the fused step (B 1, ctx 4,096, 50%)         -> profile_e2e.txt
 #   TUNE_S   scripts/tune_fused_decode.py: per-kernel launch-shape sweep (KERNELS, TUNE_BATCHES; TUNE_GRID: a JSON
 #            list of overrides instead of each kernel's grid)                       -> fused-tune-CARD.{json,md}
@@ -20,7 +20,7 @@ BENCH_S=${BENCH_S:-200}; PROF_S=${PROF_S:-90}; TUNE_S=${TUNE_S:-0}; ATTN_S=${ATT
 NCU_S=${NCU_S:-0}
 git log -1 --format='%h %s' > "$OUT/commit.txt" 2>/dev/null || true
 if [ "$BENCH_S" != 0 ]; then
-  timeout "$BENCH_S" python3 scripts/bench_decode.py --out "$OUT" --budget-s $((BENCH_S - 60)) ${BENCH_ARGS:-} \
+  timeout "$BENCH_S" python3 -m bench.decode.bench_decode --out "$OUT" --budget-s $((BENCH_S - 60)) ${BENCH_ARGS:-} \
     > "$OUT/bench.log" 2>&1
 fi
 if [ "$PROF_S" != 0 ]; then
