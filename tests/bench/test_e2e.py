@@ -37,7 +37,7 @@ def test_e2e_bench_records(tmp_path):
     half = [r for r in rows if r["variant"] == "wide" and r["sparsity"] == 0.5]
     for r in half:  # the fitted routers hit the target on the probe tokens
         assert 0.5 * (r["real_attn_sparsity"] + r["real_ffn_sparsity"]) == pytest.approx(0.5, abs=0.1)
-    assert json.loads((tmp_path / "e2e-h200.json").read_text())[0]["kind"] == "e2e"
+    assert json.loads((tmp_path / "e2e-cpu.json").read_text())[0]["kind"] == "e2e"
 
 
 def test_e2e_bench_fused_decode_is_recorded(tmp_path):
@@ -57,7 +57,7 @@ def test_e2e_bench_fused_decode_is_recorded(tmp_path):
         ffn_group_size=32,
     )
     assert len(rows) == 2 and all(r["tpot_ms"] > 0 for r in rows)
-    meta = json.loads((tmp_path / "e2e-h200.meta.json").read_text())
+    meta = json.loads((tmp_path / "e2e-cpu.meta.json").read_text())
     assert meta["fused_decode"] is True and meta["ffn_group_size"] == 32
     assert [r["ffn_group_size"] for r in rows if r["variant"] == "wide"] == [32]
 
@@ -71,14 +71,14 @@ def test_e2e_bench_records_and_warns_a_limited_autotune(tmp_path, monkeypatch):
     monkeypatch.setenv("WIDE_AUTOTUNE_MAX", "1")
     with pytest.warns(UserWarning, match="WIDE_AUTOTUNE_MAX=1"):
         run_e2e_bench(str(tmp_path), reps=1, **kw)
-    assert json.loads((tmp_path / "e2e-h200.meta.json").read_text())["autotune_max"] == 1
+    assert json.loads((tmp_path / "e2e-cpu.meta.json").read_text())["autotune_max"] == 1
     monkeypatch.delenv("WIDE_AUTOTUNE_MAX")
     import warnings
 
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*WIDE_AUTOTUNE_MAX")
         run_e2e_bench(str(tmp_path), reps=1, **kw)
-    assert json.loads((tmp_path / "e2e-h200.meta.json").read_text())["autotune_max"] == 0
+    assert json.loads((tmp_path / "e2e-cpu.meta.json").read_text())["autotune_max"] == 0
 
 
 def test_decode_accounting_counts_the_step_reads(tmp_path):

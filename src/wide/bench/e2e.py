@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from wide.bench.timing import median_ms
+from wide.bench.timing import card_tag, median_ms
 from wide.config import WideConfig
 from wide.kernels import clear_autotune_cache
 from wide.kernels._triton_utils import autotune_limit, warn_if_autotune_limited
@@ -333,8 +333,9 @@ def _write(out_dir: str | None, rows: list[dict], compiled: bool, meta: dict | N
     if not out_dir:
         return
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "e2e-h200.json"), "w") as f:
+    card = card_tag()  # the card that ran it: e2e-h100.json, e2e-h200.json, e2e-cpu.json
+    with open(os.path.join(out_dir, f"e2e-{card}.json"), "w") as f:
         json.dump(rows, f, indent=1)
     if meta is not None:
-        with open(os.path.join(out_dir, "e2e-h200.meta.json"), "w") as f:
+        with open(os.path.join(out_dir, f"e2e-{card}.meta.json"), "w") as f:
             json.dump(meta, f, indent=1)

@@ -37,6 +37,7 @@ from .rules import (
     _sms,
     _stages,
     attn_num_splits,
+    attn_programs,
     attn_split_cap,
     down_step,
     ffn_chunk,
@@ -144,7 +145,7 @@ def _attn_op(
     cap = num_splits if fixed else attn_split_cap(k_cache.shape[1])
     if interpret_mode() and not fixed:  # the CPU interpreter runs programs one by one: few splits keep tests short
         cap = min(cap, 2)
-    programs = _ov("attn_programs", _sms(q))
+    programs = _ov("attn_programs", attn_programs(k_cache.shape[1], _sms(q)))
     ns_p = next_pow2(cap)
     op = torch.empty(max(1, pairs * hpg_p * ns_p * hd if cap > 1 else 1), dtype=torch.float32, device=q.device)
     lse = torch.empty(max(1, pairs * hpg_p * ns_p if cap > 1 else 1), dtype=torch.float32, device=q.device)

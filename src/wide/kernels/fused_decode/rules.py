@@ -16,7 +16,7 @@ from .._triton_utils import largest_pow2_divisor, next_pow2
 MAX_BATCH = 16  # decode only: one 16-row tensor-core tile holds the batch
 
 
-_SWITCHES = ("compact_k", "router_overlap")  # LaunchOverrides fields that are 0 / 1
+_SWITCHES = ("compact_k", "router_overlap", "long_context")  # LaunchOverrides fields that are 0 / 1
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,9 @@ class LaunchOverrides:
     on the running pairs), attn_programs: the programs that rule aims for (the rule: the SM count), attn_block_n:
     keys per step (a power of two >= 16), attn_warps; router_overlap: 1 the layer's routers run on a side stream
     beside a QKV launch that computes every Q head, 0 (the rule) they run before it and QKV skips the Q heads of
-    groups no token runs (``router_overlap``)."""
+    groups no token runs (``router_overlap``); long_context: 1 (the rule) decode attention over a cache of at
+    least ``LONG_CONTEXT`` keys takes the long-context split rule (``attn_num_splits``), 0 the short one at any
+    length."""
 
     block_k: int | None = None
     num_warps: int | None = None
@@ -56,6 +58,7 @@ class LaunchOverrides:
     attn_block_n: int | None = None
     attn_warps: int | None = None
     router_overlap: int | None = None
+    long_context: int | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -159,18 +162,42 @@ def qkv_row_slices(head_dim: int, qk_norm: bool, n_heads: int, sms: int) -> int:
     return rs
 
 
+# Caches of at least this many keys take the long-context split rule; LONG_WAVES: the programs per SM it aims
+# for (docs/kernels.md#split-count-at-long-context).
+LONG_CONTEXT = 8192
+LONG_WAVES = 4
+
+
+def long_context(max_len: int) -> bool:
+    """Whether decode attention over a cache of ``max_len`` keys takes the long-context split rule (the
+    ``long_context`` override, else: from ``LONG_CONTEXT`` keys)."""
+    return max_len >= LONG_CONTEXT and bool(_ov("long_context", 1))
+
+
 def attn_split_cap(max_len: int) -> int:
-    """The most KV splits a decode attention call takes: at most 16, each of at least 256 keys."""
+    """The most KV splits a decode attention call takes: at most 16, each of at least 256 keys; at long
+    context (``long_context``) at most 32, each of at least 512 keys."""
+    if long_context(max_len):
+        return max(1, min(32, max_len // 512))
     return max(1, min(16, max_len // 256))
 
 
-def attn_num_splits(running: int, max_len: int, sms: int) -> int:
-    """KV splits of each running (token, group) pair, from how many of the batch's pairs run: about one program
-    per SM, ``sms // running``, within ``attn_split_cap``. More programs lose (the merging program reads every
-    split's partials in turn), fewer leave SMs idle, with every pair running and with half of them skipped
-    alike (docs/kernels.md#fused-decode-layer). The kernel applies it to the count it reads from the mask, so
-    the count, and with it a token's rounding, depends on the batch's masks (a repeat is bit-identical)."""
-    return max(1, min(attn_split_cap(max_len), sms // max(1, running)))
+def attn_programs(max_len: int, sms: int) -> int:
+    """The programs the split rule aims for: one per SM; at long context ``LONG_WAVES`` per SM, so that the
+    running pairs' count rounds the last wave off by a small part (``attn_num_splits``)."""
+    return sms * (LONG_WAVES if long_context(max_len) else 1)
+
+
+def attn_num_splits(running: int, max_len: int, programs: int) -> int:
+    """KV splits of each running (token, group) pair, from how many of the batch's pairs run: ``programs //
+    running`` (``attn_programs``: about one program per SM, at long context several) within ``attn_split_cap``.
+    At short context more programs lose (the merging program reads every split's partials in turn), fewer
+    leave SMs idle, with every pair running and with half of them skipped alike
+    (docs/kernels.md#fused-decode-layer); at long context a split's keys outweigh its merge, and one program
+    per SM leaves up to half of them idle when the running count passes a divisor of the SM count
+    (docs/kernels.md#split-count-at-long-context). The kernel applies it to the count it reads from the mask,
+    so the count, and with it a token's rounding, depends on the batch's masks (a repeat is bit-identical)."""
+    return max(1, min(attn_split_cap(max_len), programs // max(1, running)))
 
 
 def k_splits(n_tiles: int, max_splits: int, sms: int) -> int:
