@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHECKPOINTS = ROOT / "src" / "wide" / "checkpoints"
 SHIPPED = ("smollm2-135m-s50", "smollm2-135m-s50-lora")
 # the split rules a long-context row is timed under (fused_decode.launch_overrides)
-RULES = {"long": {}, "short": {"long_context": 0}}
+RULES = {"long": {"long_context": 1}, "short": {"long_context": 0}}
 MARGIN_BYTES = 3 << 30  # free memory kept beside a runtime's cache (graph pools, partials, activations)
 SMOKE_SHAPE = dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, intermediate_size=256,
                    vocab_size=101, num_hidden_layers=2, max_position_embeddings=1024)  # fmt: skip
@@ -152,7 +152,7 @@ def decode_rows(wm: WideModel, level: Level, batch: int, ctx: int, cfg: GridConf
             decode()
             tpot = median_ms(decode, cfg.reps, dev)
             launch = {"attn_split_cap": FD.attn_split_cap(ctx + 16), "attn_programs": FD.attn_programs(ctx + 16, sms)}
-        default = rule == ("long" if ctx + 16 >= FD.LONG_CONTEXT else "short")  # the rule the library takes
+        default = rule == ("long" if FD.long_context(ctx + 16) else "short")  # the rule the library takes
         out.append({"rule": rule, "default_rule": default, "tpot_ms": tpot, **launch})
     rt.cache.lens.copy_(lens)
     rt.decode(ids)  # eager: the step's masks (the graph's are the same decisions)

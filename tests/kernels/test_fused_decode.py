@@ -240,15 +240,17 @@ def test_attn_long_context_split_rule():
     running count fills the programs but for less than one pair's splits (the short rule leaves up to half of the
     SMs idle: 67 running pairs, one split each) (docs/kernels.md#split-count-at-long-context)."""
     s = 16400
-    p = FD.attn_programs(s, 132)
-    assert p == 132 * FD.LONG_WAVES and FD.attn_programs(FD.LONG_CONTEXT - 1, 132) == 132
-    assert FD.attn_split_cap(s) == 32 and FD.attn_split_cap(FD.LONG_CONTEXT) == 16
-    assert FD.attn_split_cap(1 << 20) == 32
-    assert FD.attn_num_splits(4, s, p) == 32  # B 1, half of 8 groups: the cap
-    assert FD.attn_num_splits(67, s, p) == p // 67
-    for running in range(1, 129):  # B <= 16, 8 KV groups
-        ns = FD.attn_num_splits(running, s, p)
-        assert running * ns <= p and (ns == 32 or running * (ns + 1) > p), running
+    assert not FD.long_context(s) and FD.attn_split_cap(s) == 16  # opt-in until a GPU run keeps it
+    with FD.launch_overrides(long_context=1):
+        p = FD.attn_programs(s, 132)
+        assert p == 132 * FD.LONG_WAVES and FD.attn_programs(FD.LONG_CONTEXT - 1, 132) == 132
+        assert FD.attn_split_cap(s) == 32 and FD.attn_split_cap(FD.LONG_CONTEXT) == 16
+        assert FD.attn_split_cap(1 << 20) == 32
+        assert FD.attn_num_splits(4, s, p) == 32  # B 1, half of 8 groups: the cap
+        assert FD.attn_num_splits(67, s, p) == p // 67
+        for running in range(1, 129):  # B <= 16, 8 KV groups
+            ns = FD.attn_num_splits(running, s, p)
+            assert running * ns <= p and (ns == 32 or running * (ns + 1) > p), running
 
 
 @pytest.mark.parametrize("mode", ["all", "random", "none", "one"])

@@ -54,10 +54,11 @@ def test_fused_decode_attention_long_ragged_cpu(kernel_device):
     s = 16400
     q, kc, vc, lens, mask = _decode_case(3, 4, 1, 64, s, [s, 9000, 2500], [2], seed=1)
     ref = _ref(q, kc, vc, lens, mask)
-    ns = FD.attn_num_splits(int(mask.sum()), s, FD.attn_programs(s, 132))
+    with FD.launch_overrides(long_context=1):
+        ns = FD.attn_num_splits(int(mask.sum()), s, FD.attn_programs(s, 132))
     assert ns > 16  # beyond the short rule's cap
     q, kc, vc, lens, mask = (t.to(kernel_device) for t in (q, kc, vc, lens, mask))
-    with FD.launch_overrides(attn_block_n=512):  # few key steps: the interpreter's cost is per step
+    with FD.launch_overrides(attn_block_n=512, long_context=1):  # few key steps: the interpreter's cost is per step
         fixed = FD.attention_decode_merged(q, kc, vc, lens, mask, num_splits=ns)
         rule = FD.attention_decode_merged(q, kc, vc, lens, mask)
     for out in (fixed, rule):

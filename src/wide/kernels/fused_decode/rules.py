@@ -34,9 +34,9 @@ class LaunchOverrides:
     on the running pairs), attn_programs: the programs that rule aims for (the rule: the SM count), attn_block_n:
     keys per step (a power of two >= 16), attn_warps; router_overlap: 1 the layer's routers run on a side stream
     beside a QKV launch that computes every Q head, 0 (the rule) they run before it and QKV skips the Q heads of
-    groups no token runs (``router_overlap``); long_context: 1 (the rule) decode attention over a cache of at
-    least ``LONG_CONTEXT`` keys takes the long-context split rule (``attn_num_splits``), 0 the short one at any
-    length."""
+    groups no token runs (``router_overlap``); long_context: 1 decode attention over a cache of at least
+    ``LONG_CONTEXT`` keys takes the long-context split rule (``attn_num_splits``), 0 (the rule until a GPU run
+    keeps it: docs/long-context.md#the-split-rule) the short one at any length."""
 
     block_k: int | None = None
     num_warps: int | None = None
@@ -169,9 +169,10 @@ LONG_WAVES = 4
 
 
 def long_context(max_len: int) -> bool:
-    """Whether decode attention over a cache of ``max_len`` keys takes the long-context split rule (the
-    ``long_context`` override, else: from ``LONG_CONTEXT`` keys)."""
-    return max_len >= LONG_CONTEXT and bool(_ov("long_context", 1))
+    """Whether decode attention over a cache of ``max_len`` keys takes the long-context split rule: from
+    ``LONG_CONTEXT`` keys, when the ``long_context`` override turns it on. Off by default: it is correct (its
+    tests) but not yet timed on a GPU (docs/long-context.md#the-split-rule)."""
+    return max_len >= LONG_CONTEXT and bool(_ov("long_context", 0))
 
 
 def attn_split_cap(max_len: int) -> int:
