@@ -442,6 +442,7 @@ def cmd_refit(a: argparse.Namespace) -> int:
     check_outside_package(a.out, "--out")  # the shipped checkpoints are inputs, never rewritten
     if a.batches < 1 or a.batch_size < 1 or a.seq_len < 1:
         raise ValueError("--batches, --batch-size and --seq-len must be >= 1")
+    _data_source(a)  # no text to fit on: refused before the model loads
     device = _device(a.device)
     model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=device)
     check_context(model, a.seq_len, what="--seq-len")

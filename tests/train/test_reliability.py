@@ -328,3 +328,12 @@ def test_refit_needs_out_and_never_writes_into_the_package(resumable, tiny_dir, 
     assert cli(*refit, "--out", inside) == 2
     _one_line_error(capsys, "inside the installed wide package")
     assert not inside.exists()
+
+
+def test_refit_without_text_refuses_before_the_model_loads(resumable, tmp_path, monkeypatch, capsys):
+    """No --data and no data root: one line about the text, before the (here nonexistent) model is read."""
+    monkeypatch.delenv("WIDE_DATA", raising=False)
+    monkeypatch.setenv("WIDE_DATA_SEARCH", "0")
+    refit = ("refit", "--model", tmp_path / "no-such-model", "--routers", resumable, "--out", tmp_path / "o")
+    assert cli(*refit) == 2
+    _one_line_error(capsys, "no training text")
