@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The device calls for serving (issue 65) and long context (issue 66): one STEP a call, each within the 10-minute
+# limit, on one H100 or H200; records are named by the card that ran them (wide.bench.timing.card_tag).
+#   STEP=grid        bench.decode.long_context: B 1/4/16 x ctx 4k/16k/32k x fused dense / WIDE 0/50/70% / shipped
+#                    rates, both split rules from 16k, TTFT at 4k/16k/32k      -> long-context-CARD.{json,md}
+#   STEP=serve-long  wide bench serve, the long workload (engine rows)         -> serve-long-CARD.{json,md}
+#   STEP=serve-chat  wide bench serve, the chat workload, the bare B 1 step, HF static-cache generate, batch
+#                    dependence                                              -> serve-chat-CARD.{json,md}
+#   STEP=tests       the GPU tests of the fused decode, long context, slots and the engine -> gpu-tests-CARD.log
+# BUDGET_S (default 420): no row starts after it; the step's own timeout is BUDGET_S + 150.
+# Afterwards, here: python -m bench.decode.summarize_long_context bench/results/decode/long-context-CARD.json
+#   --plot docs/plots/long-context-CARD.png (records go under bench/results/decode/ and bench/results/serve/).
+set -u
+export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1
+CARD=$(python3 -c "from wide.bench.timing import card_tag; print(card_tag())")
+BUDGET_S=${BUDGET_S:-420}
+git log -1 --format='%h %s' > "$OUT/commit.txt" 2>/dev/null || true
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/card.txt" 2>&1
+case "${STEP:?set STEP=grid|serve-long|serve-chat|tests}" in
+  grid)
+    timeout $((BUDGET_S + 150)) python3 -m bench.decode.long_context --out "$OUT" --budget-s "$BUDGET_S" \
+      > "$OUT/grid.log" 2>&1 ;;
+  serve-long)
+    timeout $((BUDGET_S + 150)) python3 -m wide.cli bench serve --out "$OUT" --workloads long --parts engine \
+      --budget-s "$BUDGET_S" > "$OUT/serve-long.log" 2>&1 ;;
+  serve-chat)
+    timeout $((BUDGET_S + 150)) python3 -m wide.cli bench serve --out "$OUT" --workloads chat \
+      --budget-s "$BUDGET_S" > "$OUT/serve-chat.log" 2>&1 ;;
+  tests)
+    N=""; python3 -c "import xdist" 2>/dev/null && N="-n 8"
+    WIDE_AUTOTUNE_MAX=1 timeout $((BUDGET_S + 150)) python3 -m pytest -q $N -p no:cacheprovider \
+      tests/kernels/test_long_context.py tests/kernels/test_fused_decode.py tests/runtime/test_slots.py \
+      tests/runtime/test_fused_runtime.py tests/serve/test_engine_gpu.py > "$OUT/gpu-tests-$CARD.log" 2>&1
+    echo "pytest exit $?" >> "$OUT/gpu-tests-$CARD.log" ;;
+  *) echo "unknown STEP=$STEP" >&2; exit 2 ;;
+esac
+echo "exit $?"
