@@ -85,6 +85,25 @@ def _zero_shot(path: Path) -> tuple[str, str, list[str]]:
     return card, "ROUTERS=DIR bash scripts/device/eval_routed.sh $OUT", table
 
 
+def _long_context_quality(path: Path) -> tuple[str, str, list[str]]:
+    """A ``bench.quality.long_context_quality`` record: token perplexity per window length, against dense on the
+    same tokens and window, with the real skip rates."""
+    rec = json.loads(path.read_text())
+    dense = {r["window"]: r["token_perplexity"] for r in rec["rows"] if r["row"] == "dense"}
+    table = [
+        "| model | path | window | token ppl | × dense | attn skip | FFN skip |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    pct = lambda v: "–" if v is None else f"{v:.1%}"  # noqa: E731
+    for r in sorted(rec["rows"], key=lambda r: (r["window"], r["row"] != "dense", r["row"], r["path"])):
+        ratio = r["token_perplexity"] / dense[r["window"]]
+        table.append(
+            f"| {r['row']} | {r['path']} | {r['window']:,} | {r['token_perplexity']:.3f} | {ratio:.3f} | "
+            f"{pct(r.get('attn_sparsity'))} | {pct(r.get('ffn_sparsity'))} |"
+        )
+    return f"CPU, {rec['dtype']} ({rec['source']})", rec["command"], table
+
+
 SOURCES: tuple[Source, ...] = (
     Source(
         "decode",
@@ -134,6 +153,15 @@ SOURCES: tuple[Source, ...] = (
         "af8bad8",
         "Dense and the routed rows merged, retention against dense (``python -m bench.quality.summarize_zero_shot``).",
         _zero_shot,
+    ),
+    Source(
+        "quality",
+        "Quality at long context: the shipped routers on 2k, 4k and 8k windows (CPU)",
+        "quality/long-context-cpu.json",
+        "21ac089",
+        "SmolLM2-135M (context 8,192), routers calibrated on 2,048-token sequences; a slice of WikiText-2's test set "
+        "cut into windows of each length, so every length scores the same tokens (docs/long-context.md).",
+        _long_context_quality,
     ),
 )
 
@@ -224,6 +252,10 @@ def render() -> str:
         "figures quoted in prose): [history.md](history.md); what was tried and did not stay: "
         "[negative-results.md](negative-results.md). Commands are as the records wrote them (``scripts/<name>.py`` "
         "of older records is ``python -m bench.<area>.<name>`` now).",
+        "",
+        "Not on this page yet, because no GPU has run them: the B × context decode grid and TTFT at long prompts "
+        "([long-context.md](long-context.md), `STEP=grid bash scripts/device/serve_long.sh`) and the serving "
+        "benchmark ([serving.md](serving.md#benchmark), `STEP=serve-long` / `serve-chat`).",
         "",
     ]
     for s in SOURCES:
