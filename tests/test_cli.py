@@ -314,6 +314,26 @@ def test_generate_dense_equals_hf_and_routed_reports_sparsity(tiny_dir, text_fil
     assert cli("generate", "--model", tiny_dir, "--max-new-tokens", 0) == 2  # clear error, no traceback
 
 
+def test_generate_samples_with_a_seed_and_stops_at_a_stop_string(tiny_dir, tmp_path, capsys):
+    """--temperature/--seed: the same seed gives the same text, another seed (almost surely) another; --stop ends the
+    text before the stop string; a bad sampling flag is refused in one line before the model loads."""
+    args = ("generate", "--model", tiny_dir, "--prompt", "The number 7 follows", "--max-new-tokens", 12)
+    texts = []
+    for seed in (1, 1, 2):
+        assert cli(*args, "--temperature", "1.5", "--seed", seed) == 0
+        texts.append(capsys.readouterr().out)
+    assert texts[0] == texts[1] and texts[0] != texts[2]
+    assert cli(*args) == 0
+    greedy = capsys.readouterr().out.rstrip("\n")
+    stop = greedy[len(greedy) // 2 :][:3]
+    assert stop.strip()
+    assert cli(*args, "--stop", stop) == 0
+    out, err = capsys.readouterr()
+    assert out.rstrip("\n") == greedy[: greedy.index(stop)] and "finish: stop" in err
+    assert cli("generate", "--model", tmp_path / "no-model", "--top-p", "1.5") == 2
+    assert "--top-p" in capsys.readouterr().err
+
+
 def test_generate_fused_decode_same_text_or_one_line_error(tiny_dir, tmp_path, capsys):
     """--fused-decode: the same greedy text as the unfused runtime where the fused layer serves the model;
     a one-line error where it does not (the tiny model's head_dim 16)."""

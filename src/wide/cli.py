@@ -343,19 +343,32 @@ def cmd_demo(a: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------ generate
 def cmd_generate(a: argparse.Namespace) -> int:
-    """Greedy continuation through the kernel runtime (routed with --routers, else dense), timed."""
+    """One request through the serving engine over the kernel runtime (routed with --routers, else dense): greedy
+    or sampled, ending at EOS, a stop string or --max-new-tokens; timed, with the real sparsity of its tokens."""
     import math
 
     from wide.config import WideConfig
     from wide.model import WideModel, check_context, load_model, load_routers
-    from wide.runtime import WideRuntime, generate
+    from wide.runtime import WideRuntime
+    from wide.serve import Engine, RequestError, SamplingParams
 
     if a.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {a.max_new_tokens}")
     try:  # bytes that are not UTF-8 reach argv as lone surrogates
         a.prompt.encode("utf-8")
+        for s in a.stop:
+            s.encode("utf-8")
     except UnicodeEncodeError:
-        raise ValueError("--prompt is not valid UTF-8 text") from None
+        raise ValueError("--prompt and --stop take valid UTF-8 text") from None
+    params = SamplingParams(
+        max_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, seed=a.seed,
+        stop=tuple(a.stop),
+    )  # fmt: skip
+    try:
+        params.check()  # before the model loads
+    except RequestError as e:
+        flag = {"max_tokens": "max-new-tokens"}.get(e.param, (e.param or "").replace("_", "-"))
+        raise ValueError(f"--{flag}: {e}") from None
     device = _device(a.device)
     model, tok = load_model(a.model, dtype=_dtype(a.dtype, device), device=device)
     routed = a.routers is not None
@@ -369,32 +382,35 @@ def cmd_generate(a: argparse.Namespace) -> int:
         wm = load_routers(model, a.routers)
     else:  # the dense runtime needs the model's dimensions only; these routers are never run
         wm = WideModel(model, WideConfig(ffn_group_size=math.gcd(model.config.intermediate_size, 128)))
-    ids = tok(a.prompt, return_tensors="pt").input_ids.to(device)  # [1, T]
-    if ids.shape[1] == 0:
+    text = a.prompt
+    if a.chat:
+        if getattr(tok, "chat_template", None) is None:
+            raise ValueError(f"--chat: {a.model}'s tokenizer has no chat template")
+        text = tok.apply_chat_template(
+            [{"role": "user", "content": a.prompt}], add_generation_prompt=True, tokenize=False
+        )
+    ids = tok(text, add_special_tokens=not a.chat).input_ids  # the template carries its own special tokens
+    if len(ids) == 0:
         raise ValueError("the prompt encodes to no tokens")
-    check_context(model, ids.shape[1] + a.max_new_tokens, what=f"--prompt ({ids.shape[1]} tokens) + --max-new-tokens")
+    check_context(model, len(ids) + a.max_new_tokens, what=f"--prompt ({len(ids)} tokens) + --max-new-tokens")
     rt = WideRuntime(
-        wm,
-        max_batch=1,
-        max_seq=ids.shape[1] + a.max_new_tokens,
-        routed=routed,
-        compile=a.compile,
+        wm, max_batch=1, max_seq=len(ids) + a.max_new_tokens, routed=routed, compile=a.compile,
         fused_decode=a.fused_decode,
-    )
+    )  # fmt: skip
+    engine = Engine(rt, tok)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     t0 = time.perf_counter()
-    out = generate(rt, ids, a.max_new_tokens)  # [1, T + n]
+    (res,) = engine.run([ids], params)
     sync()
     dt = time.perf_counter() - t0
-    print(tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True))
-    n = a.max_new_tokens
-    line = f"{n} tokens in {dt:.2f} s ({n / dt:.1f} tokens/s; prefill, warm-up and any compilation included)"
-    if routed:  # the real sparsity of this text, measured on the masked path (same decisions)
-        wm.start_meter()
-        with torch.no_grad():
-            model(out)
-        m = wm.stop_meter()
-        line += f"; real sparsity attention {m['attn_sparsity']:.1%} / FFN {m['ffn_sparsity']:.1%}"
+    print(res.text)
+    n = len(res.token_ids)
+    line = (
+        f"{n} tokens in {dt:.2f} s ({n / dt:.1f} tokens/s; prefill, warm-up and any compilation included; "
+        f"finish: {res.finish_reason})"
+    )
+    if res.attn_sparsity is not None:  # the decisions the kernels ran, over the prompt and the generated tokens
+        line += f"; real sparsity attention {res.attn_sparsity:.1%} / FFN {res.ffn_sparsity:.1%}"
     print(line, file=sys.stderr)
     return 0
 
@@ -873,12 +889,18 @@ def build_parser() -> argparse.ArgumentParser:
     gn = sub.add_parser(
         "generate",
         formatter_class=_HelpFormatter,
-        help="greedy continuation through the routed kernels (or dense), timed",
+        help="one prompt through the serving engine over the routed kernels (or dense): greedy or sampled, timed",
     )
     gn.add_argument("--model", default="smollm2-135m", help=MODEL_HELP)
     gn.add_argument("--routers", type=_routers, help=ROUTERS_HELP + " (default: none, the dense runtime runs)")
     gn.add_argument("--prompt", default="The history of the city begins", help="text to continue")
-    gn.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate (greedy)")
+    gn.add_argument("--max-new-tokens", type=int, default=32, help="most tokens to generate (EOS ends it sooner)")
+    gn.add_argument("--temperature", type=_finite, default=0.0, help="sampling temperature (0: greedy)")
+    gn.add_argument("--top-p", type=_finite, default=1.0, help="nucleus sampling mass in (0, 1] (1: off)")
+    gn.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens (0: off)")
+    gn.add_argument("--seed", type=int, help="sampling seed: the same seed gives the same text (default: random)")
+    gn.add_argument("--stop", action="append", default=[], help="a string that ends the text (repeatable)")
+    gn.add_argument("--chat", action="store_true", help="wrap --prompt in the tokenizer's chat template as a user turn")
     gn.add_argument("--compile", action="store_true", help="torch.compile the runtime's layer step")
     gn.add_argument(
         "--fused-decode",
