@@ -208,7 +208,7 @@ def test_requests_are_checked_before_they_queue():
 
 @pytest.mark.slow
 def test_smollm2_shipped_routers_concurrent_greedy_equals_alone_and_the_masked_path():
-    """SmolLM2-135M with the shipped 50% routers, fp32: 5 requests of mixed prompt lengths over 3 slots give each
+    """SmolLM2-135M with the shipped 50% routers, fp32: 4 requests of mixed prompt lengths over 3 slots give each
     request the tokens it gets alone through the engine and the masked path's greedy continuation."""
     from wide.model import load_model, load_routers
     from wide.paths import resolve_routers
@@ -220,11 +220,10 @@ def test_smollm2_shipped_routers_concurrent_greedy_equals_alone_and_the_masked_p
         "In 1969, the first",
         "Water boils at",
         "A recipe for bread: mix flour, water, salt and yeast, then",
-        "Hi",
     ]
     prompts = [tok(t).input_ids for t in texts]
     eng = Engine(WideRuntime(wm, max_batch=3, max_seq=64), tok)
-    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (8, 5, 8, 3, 6)]
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (6, 4, 5, 3)]  # 4 requests over 3 slots
     together = eng.run(prompts, params)
     for p, sp, r in zip(prompts, params, together, strict=True):
         assert eng.run([p], sp)[0].token_ids == r.token_ids
