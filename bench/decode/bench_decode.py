@@ -27,26 +27,12 @@ import traceback
 
 import torch
 
-from wide.bench.e2e import LLAMA_8B, build_model, decode_accounting
+from wide.bench.e2e import LLAMA_8B, build_model, decode_accounting, routers_at
 from wide.bench.timing import card_tag, median_ms
 from wide.config import WideConfig
 from wide.kernels import fused_decode
 from wide.model import WideModel
 from wide.runtime import GraphedDecode, WideRuntime, generate
-from wide.train.threshold_fit import collect_margins, fit_offsets
-
-
-def routers_at(wm: WideModel, attn: float, ffn: float, tokens: torch.Tensor) -> None:
-    """Random router weights; each router's threshold fitted so that argmax skips ``attn`` / ``ffn`` of its
-    groups on ``tokens`` (as ``wide.bench.e2e.routers_at``, with a rate per kind)."""
-    for r in wm.routers:
-        for router in (r.attn, r.ffn):
-            torch.nn.init.normal_(router.up.weight, std=1.0)
-    batch = {"input_ids": tokens, "attention_mask": torch.ones_like(tokens, dtype=torch.bool)}
-    margins, _ = collect_margins(wm, [batch], tokens.device)
-    rates = {key: attn if key[1] == "attn" else ffn for key in margins}
-    for (i, k), d in fit_offsets(margins, rates, "router").items():
-        getattr(wm.routers[i], k).skip_bias.fill_(d)
 
 
 def measure(
@@ -294,7 +280,7 @@ def run_all(args: argparse.Namespace, tune: dict[str, int]) -> None:
         s = a_rate if a_rate == f_rate else f"attn {a_rate} / ffn {f_rate}"
         wm.config.ffn_router_source = src  # read where routers are fitted and where a runtime is built
         try:
-            routers_at(wm, a_rate, f_rate, probe)
+            routers_at(wm, (a_rate, f_rate), probe)
         except Exception as exc:  # noqa: BLE001
             rows.append({"kind": "tpot", "variant": "wide", "sparsity": s, "B": None, "ffn_router_source": src,
                          "ffn_group_size": g, "error": f"routers: {exc}"})  # fmt: skip

@@ -40,8 +40,7 @@ from pathlib import Path
 
 import torch
 
-from bench.decode.bench_decode import routers_at
-from wide.bench.e2e import LLAMA_8B, build_model, decode_bytes
+from wide.bench.e2e import LLAMA_8B, build_model, decode_bytes, routers_at
 from wide.bench.timing import card_tag, median_ms
 from wide.config import WideConfig
 from wide.kernels import fused_decode as FD
@@ -294,7 +293,7 @@ def run_grid(cfg: GridConfig, out: Path, command: str) -> list[dict]:
     for lv in list(cfg.levels):
         if lv.attn is not None:
             try:
-                routers_at(wm, lv.attn, lv.ffn, probe)
+                routers_at(wm, (lv.attn, lv.ffn), probe)
             except Exception as exc:  # noqa: BLE001 - the level is left out, the grid goes on
                 emit({"kind": "tpot", "variant": "wide", "level": lv.name, "error": f"routers: {exc}"[:400]})
                 cfg.levels.remove(lv)

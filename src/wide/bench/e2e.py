@@ -65,14 +65,17 @@ def build_model(shape: dict, device: str, dtype: torch.dtype):
     return model
 
 
-def routers_at(wm: WideModel, rate: float, tokens: torch.Tensor) -> None:
-    """Random router weights; thresholds fitted so argmax skips `rate` of groups on `tokens`."""
+def routers_at(wm: WideModel, rate: float | tuple[float, float], tokens: torch.Tensor) -> None:
+    """Random router weights; thresholds fitted so argmax skips ``rate`` of groups on ``tokens`` (one rate, or
+    (attention, FFN) rates)."""
+    attn, ffn = rate if isinstance(rate, tuple) else (rate, rate)
     for r in wm.routers:
         for router in (r.attn, r.ffn):
             torch.nn.init.normal_(router.up.weight, std=1.0)
     batch = {"input_ids": tokens, "attention_mask": torch.ones_like(tokens, dtype=torch.bool)}
     margins, _ = collect_margins(wm, [batch], tokens.device)
-    for (i, k), d in fit_offsets(margins, dict.fromkeys(margins, rate), "router").items():
+    rates = {key: attn if key[1] == "attn" else ffn for key in margins}
+    for (i, k), d in fit_offsets(margins, rates, "router").items():
         getattr(wm.routers[i], k).skip_bias.fill_(d)
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from wide.bench.e2e import LLAMA_8B, TINY_LLAMA, build_model
+from wide.bench.e2e import LLAMA_8B, TINY_LLAMA, build_model, routers_at
 from wide.bench.timing import card_tag, median_ms
 from wide.config import WideConfig
 from wide.kernels.fused_decode import router_overlap
@@ -70,21 +70,6 @@ def shipped_rates(name: str = "smollm2-135m-s50") -> tuple[float, float]:
     fit = cfg["training"]["skip_bias_fit"]["argmax_skip_after"]
     per = {k: [v for key, v in fit.items() if key.startswith(k)] for k in ("attn", "ffn")}
     return sum(per["attn"]) / len(per["attn"]), sum(per["ffn"]) / len(per["ffn"])
-
-
-def routers_at(wm: WideModel, attn: float, ffn: float, tokens: torch.Tensor) -> None:
-    """Random router weights; each router's threshold fitted so argmax skips ``attn`` / ``ffn`` of its groups on
-    ``tokens``."""
-    from wide.train.threshold_fit import collect_margins, fit_offsets
-
-    for r in wm.routers:
-        for router in (r.attn, r.ffn):
-            torch.nn.init.normal_(router.up.weight, std=1.0)
-    batch = {"input_ids": tokens, "attention_mask": torch.ones_like(tokens, dtype=torch.bool)}
-    margins, _ = collect_margins(wm, [batch], tokens.device)
-    rates = {key: attn if key[1] == "attn" else ffn for key in margins}
-    for (i, k), d in fit_offsets(margins, rates, "router").items():
-        getattr(wm.routers[i], k).skip_bias.fill_(d)
 
 
 class ByteMeter:
@@ -281,7 +266,7 @@ def run_serve_bench(
         wms.clear()
         wm = WideModel(model, WideConfig(ffn_group_size=32 if smoke else 128))
         if rates is not None:
-            routers_at(wm, *rates, probe)
+            routers_at(wm, tuple(rates), probe)
         wms[variant] = wm
         return wm
 
