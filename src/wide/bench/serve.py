@@ -188,7 +188,7 @@ def hf_static_generate(model, requests: list, max_len: int) -> dict:
         cache.reset()
         ids = torch.tensor([prompt], device=dev)
         kw = dict(max_new_tokens=sp.max_tokens, min_new_tokens=sp.max_tokens, do_sample=False)
-        try:  # transformers names the cache argument `cache` from 5.2x on, `past_key_values` before
+        try:  # newer transformers name the cache argument `cache`, older ones `past_key_values`
             out = model.generate(ids, cache=cache, **kw)
         except (TypeError, ValueError):
             out = model.generate(ids, past_key_values=cache, **kw)
