@@ -30,8 +30,8 @@ def tile_counters(like: torch.Tensor, n_tiles: int) -> torch.Tensor:
     """Zeroed ticket counters (at least ``n_tiles``) for a kernel reading ``like``'s device.
 
     Eager: the persistent buffer of the current stream. While ``like`` is a tracing tensor (fake /
-    functional, e.g. torch.compile tracing a ``triton_op`` body) a fresh ``torch.zeros`` that the
-    graph owns, so no real tensor leaks into the trace.
+    functional: a caller traced by torch.compile outside the ``wide::`` ops) a fresh ``torch.zeros`` that
+    the graph owns, so no real tensor leaks into the trace.
     """
     if n_tiles > COUNTER_SLOTS:
         raise ValueError(f"{n_tiles} split tiles exceed the {COUNTER_SLOTS} counter slots")

@@ -25,7 +25,7 @@ import math
 
 import torch
 
-from wide.kernels._triton_utils import HAS_TRITON, interpret_mode, next_pow2, use_triton
+from wide.kernels._triton_utils import HAS_TRITON, next_pow2, use_triton
 from wide.kernels.attention.reference import (
     attention_decode_ref,
     attention_decode_sdpa,
@@ -38,7 +38,6 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-_INTERPRET = interpret_mode()  # read once, at import, as Triton reads it when it decorates the kernels
 _HEAD_DIMS = (16, 32, 64, 128, 256)
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _LOG2E = 1.4426950408889634
@@ -319,7 +318,7 @@ def _prefill_impl(q, k, v, idx, count, batch_start, batch_count, sm_scale: float
     tpt = bm // hpg  # token slots per tile
     grid = (bsz * hk, triton.cdiv(tq, tpt))
     prec = "ieee" if q.dtype == torch.float32 else None
-    _launch(_prefill_kernel, grid)(
+    _prefill_kernel[grid](
         q, k, v, o, idx, count, batch_start, batch_count,
         sm_scale * _LOG2E, tq, tk,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
@@ -342,7 +341,7 @@ def _decode_impl(q, k_cache, v_cache, cache_lens, mask, sm_scale: float, num_spl
         lse = torch.empty((bsz, hq, num_splits), dtype=torch.float32, device=q.device)
     else:
         op = lse = o  # unused
-    _launch(_decode_split_kernel, (bsz * hk, num_splits))(
+    _decode_split_kernel[(bsz * hk, num_splits)](
         q, k_cache, v_cache, cache_lens, mask, o, op, lse,
         sm_scale * _LOG2E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -351,33 +350,11 @@ def _decode_impl(q, k_cache, v_cache, cache_lens, mask, sm_scale: float, num_spl
         BLOCK_N=bn, NUM_SPLITS=num_splits, PREC=prec, num_warps=nw, num_stages=ns,
     )  # fmt: skip
     if num_splits > 1:
-        _launch(_decode_reduce_kernel, (bsz * hq,))(
+        _decode_reduce_kernel[(bsz * hq,)](
             op, lse, mask, o, o.stride(0), o.stride(1),
             HQ=hq, HPG=hpg, HEAD_D=d, NUM_SPLITS=num_splits, NS_P=next_pow2(num_splits), num_warps=4,
         )  # fmt: skip
     return o
-
-
-def _launch(kernel, grid):
-    return _wrap_triton(kernel)[grid]
-
-
-try:  # torch >= 2.6: ops visible to torch.compile, kernels traced through wrap_triton
-    from torch.library import triton_op as _triton_op
-    from torch.library import wrap_triton as _wrap_triton
-
-    _HAS_TRITON_OP = True
-except ImportError:  # pragma: no cover - older torch: opaque custom ops with fake impls
-    _HAS_TRITON_OP = False
-
-    def _wrap_triton(kernel):
-        return kernel
-
-
-if _INTERPRET:
-
-    def _wrap_triton(kernel):  # noqa: F811 - interpreted kernels are launched directly
-        return kernel
 
 
 def _define_ops():
@@ -412,14 +389,11 @@ def _define_ops():
             return _decode_impl(q, k_cache, v_cache, cache_lens, mask, sm_scale, num_splits, config)
         return attention_decode_sdpa(q, k_cache, v_cache, cache_lens, mask, sm_scale)
 
-    if _HAS_TRITON_OP and HAS_TRITON and not _INTERPRET:
-        prefill = _triton_op("wide::attn_prefill", attn_prefill, mutates_args=())
-        decode = _triton_op("wide::attn_decode", attn_decode, mutates_args=())
-    else:  # interpreter kernels cannot be traced: opaque ops with fake impls
-        prefill = torch.library.custom_op("wide::attn_prefill", attn_prefill, mutates_args=())
-        decode = torch.library.custom_op("wide::attn_decode", attn_decode, mutates_args=())
-        prefill.register_fake(lambda q, *a, **kw: torch.empty_like(q))
-        decode.register_fake(lambda q, *a, **kw: torch.empty_like(q))
+    # every wide op is an opaque custom op with a fake impl (docs/kernels.md#ops)
+    prefill = torch.library.custom_op("wide::attn_prefill", attn_prefill, mutates_args=())
+    decode = torch.library.custom_op("wide::attn_decode", attn_decode, mutates_args=())
+    prefill.register_fake(lambda q, *a, **kw: torch.empty_like(q))
+    decode.register_fake(lambda q, *a, **kw: torch.empty_like(q))
     return prefill, decode
 
 
