@@ -38,6 +38,8 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
+    from wide.kernels.attention.split_kv import split_kv_softmax
+
 _HEAD_DIMS = (16, 32, 64, 128, 256)
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _LOG2E = 1.4426950408889634
@@ -169,23 +171,12 @@ if HAS_TRITON:
         lo = split * chunk
         hi = tl.minimum(lo + chunk, n_len)
         q = tl.load(Q + b64 * s_qb + head[:, None] * s_qh + offs_d[None, :], mask=hmask[:, None], other=0.0)
-        offs_n = tl.arange(0, BLOCK_N)
         k_base = K + b64 * s_kb + g * s_kh + offs_d[None, :]
         v_base = V + b64 * s_vb + g * s_vh + offs_d[None, :]
-        m_i = tl.full([HPG_P], float("-inf"), tl.float32)
-        l_i = tl.zeros([HPG_P], tl.float32)
-        acc = tl.zeros([HPG_P, HEAD_D], tl.float32)
-        for n0 in range(lo, hi, BLOCK_N):
-            kn = n0 + offs_n
-            kin = kn < hi
-            k = tl.load(k_base + kn[:, None] * s_ks, mask=kin[:, None], other=0.0)
-            v = tl.load(v_base + kn[:, None] * s_vs, mask=kin[:, None], other=0.0)
-            acc, l_i, m_i = _softmax_step(q, k, v, acc, l_i, m_i, qk_scale, kin[None, :], True, PREC)
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        out, lse = split_kv_softmax(q, k_base, v_base, s_ks, s_vs, lo, hi, qk_scale, HPG_P, HEAD_D, BLOCK_N, PREC)
         if NUM_SPLITS == 1:
             tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=hmask[:, None])
         else:
-            lse = tl.where(l_i > 0, m_i + tl.math.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
             row = (b * HK * HPG + head) * NUM_SPLITS + split  # OP [B, Hq, NS, D], LSE [B, Hq, NS]
             tl.store(OP + row[:, None] * HEAD_D + offs_d[None, :], out, mask=hmask[:, None])
             tl.store(LSE + row, lse, mask=hmask)

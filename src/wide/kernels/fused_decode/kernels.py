@@ -43,6 +43,7 @@ if HAS_TRITON:
 
     from .._split_reduce import arrive, sum_partials, wait_for
     from .._triton_utils import pdl_begin
+    from ..attention.split_kv import split_kv_softmax
 
 
 _LOG2E = 1.4426950408889634
@@ -365,31 +366,12 @@ if HAS_TRITON:
         lo = split * chunk
         hi = tl.minimum(lo + chunk, n_len)
         q = tl.load(q_ptr + (b64 * HQ + head)[:, None] * HEAD_D + offs_d[None, :], mask=hmask[:, None], other=0.0)
-        offs_n = tl.arange(0, BLOCK_N)
         k_base = kc_ptr + b64 * s_kb + g * s_kh + offs_d[None, :]
         v_base = vc_ptr + b64 * s_vb + g * s_vh + offs_d[None, :]
-        m_i = tl.full([HPG_P], float("-inf"), tl.float32)
-        l_i = tl.zeros([HPG_P], tl.float32)
-        acc = tl.zeros([HPG_P, HEAD_D], tl.float32)
-        for n0 in range(lo, hi, BLOCK_N):
-            kn = n0 + offs_n
-            kin = kn < hi
-            k = tl.load(k_base + kn[:, None].to(tl.int64) * s_ks, mask=kin[:, None], other=0.0)
-            v = tl.load(v_base + kn[:, None].to(tl.int64) * s_vs, mask=kin[:, None], other=0.0)
-            qk = tl.dot(q, tl.trans(k), input_precision=PREC)
-            qk = tl.where(kin[None, :], qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-            m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
-            p = tl.math.exp2(qk * qk_scale - m_safe[:, None])
-            alpha = tl.math.exp2(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-            m_i = m_new
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        out, lse = split_kv_softmax(q, k_base, v_base, s_ks, s_vs, lo, hi, qk_scale, HPG_P, HEAD_D, BLOCK_N, PREC)
         if ns == 1:
             tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=hmask[:, None])
         else:
-            lse = tl.where(l_i > 0, m_i + tl.math.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
             row = (bg * HPG_P + hh) * NS_P + split
             tl.store(op_ptr + row[:, None] * HEAD_D + offs_d[None, :], out, mask=hmask[:, None])
             tl.store(lse_ptr + row, lse, mask=hmask)
