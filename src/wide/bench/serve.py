@@ -18,6 +18,7 @@ Every request runs to its drawn output length (``ignore_eos``): dense and WIDE s
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -307,7 +308,7 @@ def run_serve_bench(
                     row["byte_limit"] = lim
                     row["of_byte_limit"] = None if not lim else row["speedup_vs_dense"] / lim
                 record(row)
-                del engine
+                del engine, meter
                 _free(device)
 
     # 2. the engine's bare B 1 step (GraphedDecode replay) at the chat requests' median context
@@ -387,6 +388,7 @@ def run_serve_bench(
 
 
 def _free(device) -> None:
+    gc.collect()  # an engine and its runtime form reference cycles (graphs, hooks): free the cache now
     if torch.device(device).type == "cuda":
         torch.cuda.empty_cache()
 
