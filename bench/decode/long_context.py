@@ -31,7 +31,6 @@ import gc
 import json
 import os
 import shlex
-import subprocess
 import sys
 import time
 import traceback
@@ -41,7 +40,7 @@ from pathlib import Path
 import torch
 
 from wide.bench.e2e import LLAMA_8B, build_model, decode_bytes, routers_at
-from wide.bench.timing import card_tag, median_ms
+from wide.bench.timing import card_tag, median_ms, tree_commit
 from wide.config import WideConfig
 from wide.kernels import fused_decode as FD
 from wide.model import WideModel
@@ -229,16 +228,6 @@ def ttft_row(wm: WideModel, level: Level, prompt: int, cfg: GridConfig, probe: t
     return {"ttft_ms": ttft, "attention_ms_per_layer": attn, "attention_share": layers * attn / ttft}
 
 
-def _commit() -> str:
-    if os.environ.get("WIDE_COMMIT"):
-        return os.environ["WIDE_COMMIT"]
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
-                                       stderr=subprocess.DEVNULL).strip()  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def _env() -> dict:
     try:
         import triton
@@ -247,7 +236,7 @@ def _env() -> dict:
     except ImportError:
         tv = None
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    return {"card": card_tag(), "gpu": dev, "commit": _commit(), "torch": torch.__version__, "triton": tv}
+    return {"card": card_tag(), "gpu": dev, "commit": tree_commit(), "torch": torch.__version__, "triton": tv}
 
 
 def run_grid(cfg: GridConfig, out: Path, command: str) -> list[dict]:

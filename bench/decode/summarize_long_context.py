@@ -61,14 +61,15 @@ def ttft_table(rows: list[dict]) -> list[str]:
 
 
 def render(rows: list[dict]) -> str:
-    """The markdown of a record: header (card, commit, versions, command), decode and TTFT tables, rows
+    """The markdown of a record: header (card, commit, versions, commands), decode and TTFT tables, rows
     that did not run."""
     first = rows[0] if rows else {}
+    cmds = list(dict.fromkeys(r["command"] for r in rows if r.get("command"))) or ["?"]
     out = [
         f"# Long-context decode grid ({first.get('gpu', '?')}, card {first.get('card', '?')}, commit "
         f"{first.get('commit', '?')}, torch {first.get('torch', '?')}, triton {first.get('triton', '?')})",
         "",
-        f"Command: `{first.get('command', '?')}`",
+        "Command" + ("s (one device call each)" if len(cmds) > 1 else "") + ": " + "; ".join(f"`{c}`" for c in cmds),
         "",
         "Llama-3.1-8B shapes, random weights, bf16, fused decode layer, one CUDA-graph step at `context` random "
         "cached keys. × fused dense: against the same call's fused dense step under the same split rule. Byte "

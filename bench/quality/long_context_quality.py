@@ -20,7 +20,6 @@ import json
 import math
 import platform
 import shlex
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -28,6 +27,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from wide.bench.timing import tree_commit
 
 ROUTERS = ("smollm2-135m-s25", "smollm2-135m-s50")
 BUCKETS = ((0, 2048), (2048, 4096), (4096, 8192))  # positions inside a window
@@ -139,13 +140,6 @@ def to_markdown(record: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _commit() -> str:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench/results/quality")
@@ -183,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
         "dtype": "float32",
         "device": "cpu",
         "command": "nice python -m bench.quality.long_context_quality " + shlex.join(argv or sys.argv[1:]),
-        "commit": _commit(),
+        "commit": tree_commit(),
         "env": {"torch": torch.__version__, "python": platform.python_version()},
         "rows": [],
     }

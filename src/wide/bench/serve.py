@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from wide.bench.e2e import LLAMA_8B, TINY_LLAMA, build_model, routers_at
-from wide.bench.timing import card_tag, median_ms
+from wide.bench.timing import card_tag, median_ms, tree_commit
 from wide.config import WideConfig
 from wide.kernels.fused_decode import router_overlap
 from wide.model import WideModel
@@ -241,6 +241,7 @@ def run_serve_bench(
         "device": torch.cuda.get_device_name() if torch.device(device).type == "cuda" else "cpu",
         "card": card,
         "torch": torch.__version__,
+        "commit": tree_commit(),
         "shape": "tiny" if smoke else "llama-3.1-8b",
         "dtype": str(dtype),
         "shipped_rates": {"attn": attn_r, "ffn": ffn_r, "from": "smollm2-135m-s50"},

@@ -10,14 +10,30 @@ graph of thousands of kernels), so the fixed cost of launching a graph is not ch
 from __future__ import annotations
 
 import math
+import os
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 
 L2_BYTES = 256 << 20  # rotate inputs over at least this many bytes (H200 L2: 50 MiB)
 MAX_COPIES = 16
+
+
+def tree_commit() -> str:
+    """The commit a record's tree came from: ``WIDE_COMMIT`` when set (a GPU machine's copy of the working tree
+    may carry stale git metadata, so device drivers pass the hash), else ``git rev-parse --short HEAD`` of this
+    checkout; "unknown" without git."""
+    if os.environ.get("WIDE_COMMIT"):
+        return os.environ["WIDE_COMMIT"]
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, text=True,
+                                       stderr=subprocess.DEVNULL).strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def card_tag(device: str | torch.device | None = None) -> str:
