@@ -85,6 +85,17 @@ def _zero_shot(path: Path) -> tuple[str, str, list[str]]:
     return card, "ROUTERS=DIR bash scripts/device/eval_routed.sh $OUT", table
 
 
+def _long_context(path: Path) -> tuple[str, str, list[str]]:
+    """A ``bench.decode.long_context`` record: the decode grid under the library's split rule, then TTFT."""
+    from bench.decode import summarize_long_context as SL
+
+    rows = json.loads(path.read_text())
+    default = [r for r in rows if r.get("kind") != "tpot" or r.get("default_rule", True)]
+    cmds = " ; ".join(dict.fromkeys(r["command"] for r in rows if r.get("command")))
+    lines = SL.tpot_table(default) + ["", "TTFT, B 1:", ""] + SL.ttft_table(rows)
+    return rows[0]["gpu"], cmds, lines
+
+
 def _long_context_quality(path: Path) -> tuple[str, str, list[str]]:
     """A ``bench.quality.long_context_quality`` record: token perplexity per window length, against dense on the
     same tokens and window, with the real skip rates."""
@@ -155,6 +166,16 @@ SOURCES: tuple[Source, ...] = (
         _zero_shot,
     ),
     Source(
+        "decode",
+        "Long context and batches: decode grid and TTFT (H100)",
+        "decode/long-context-h100.json",
+        "b1c38fc",
+        "Llama-3.1-8B shapes, random weights, bf16, fused decode layer at B x cached keys, each ratio beside its "
+        "byte limit (dense bytes / the bytes the row must read); rows timed under the other split rule and the "
+        "rows an H100 cannot hold are in the record's page (docs/long-context.md).",
+        _long_context,
+    ),
+    Source(
         "quality",
         "Quality at long context: the shipped routers on 2k, 4k and 8k windows (CPU)",
         "quality/long-context-cpu.json",
@@ -204,6 +225,23 @@ def headline_rows() -> list[str]:
             f"| TTFT, 4,096-token prompt, B {b}, 50% | {card} | {d['ttft_ms']:.1f} ms | {w['ttft_ms']:.1f} ms "
             f"({w['ttft_speedup']:.2f}×) | {_link(e2e)} |"
         )
+    lc = "decode/long-context-h100.json"
+    lrows = _load(lc)
+    for lv, ctx in (("wide 50%", 16384), ("shipped smollm2-135m-s50", 16384), ("wide 50%", 32768)):
+        b = 16 if ctx == 16384 else 4
+        d, w = (next(r for r in lrows if r.get("kind") == "tpot" and r["B"] == b and r["ctx"] == ctx
+                     and r["level"] == name and r.get("default_rule") and "error" not in r)
+                for name in ("dense", lv))  # fmt: skip
+        rows.append(
+            f"| Decode TPOT, B {b}, context {ctx // 1024}k, {lv}, fused layer | {w['gpu']} | {d['tpot_ms']:.2f} ms | "
+            f"{w['tpot_ms']:.2f} ms ({w['tpot_speedup']:.2f}×, byte limit {w['byte_limit']:.2f}×) | {_link(lc)} |"
+        )
+    d, w = (next(r for r in lrows if r.get("kind") == "ttft" and r["prompt"] == 32768 and r["level"] == name)
+            for name in ("dense", "wide 50%"))  # fmt: skip
+    rows.append(
+        f"| TTFT, 32,768-token prompt, B 1, 50% | {w['gpu']} | {d['ttft_ms']:.0f} ms | {w['ttft_ms']:.0f} ms "
+        f"({w['ttft_speedup']:.2f}×) | {_link(lc)} |"
+    )
     kern = "kernels/kernels-h200.json"
     for op, g in (("q", 512), ("gate_up", 128), ("o", 512), ("down", 128)):
         r = next(r for r in SK._auto(_load(kern)) if r["op"] == op and r["group_size"] == g and r["M"] == 1
