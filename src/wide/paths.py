@@ -87,15 +87,6 @@ def data_dir(override: str | os.PathLike | None = None) -> Path:
     )
 
 
-def data_file(relative: str, override: str | os.PathLike | None = None) -> Path:
-    """A file under the data root, with an error naming the exact path when it is missing."""
-    root = data_dir(override)
-    p = root / relative
-    if not p.exists():
-        raise FileNotFoundError(f"missing data file {p} (data root {root}; set WIDE_DATA or --data-dir)")
-    return p
-
-
 def cache_dir(sub: str = "") -> Path:
     """~/.cache/wide (or $WIDE_CACHE) / sub, created on demand."""
     root = Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "wide")).expanduser()
