@@ -230,3 +230,23 @@ def test_smollm2_shipped_routers_concurrent_greedy_equals_alone_and_the_masked_p
         assert _masked_greedy(wm, p, sp.max_tokens) == r.token_ids
         assert 0.3 < r.attn_sparsity < 0.7 and 0.3 < r.ffn_sparsity < 0.7  # the 50% routers, on these tokens
     assert eng.load() == (0, 0)
+
+
+def test_warmup_prefills_every_length_class_and_leaves_the_engine_as_it_was():
+    """warmup() runs prompts of p - 1 and p tokens for every power of two p from 16 up to its bound, leaves every
+    slot free, every cache length 0 and the counters untouched; requests after it get what they get without it;
+    it refuses to run while a request holds a slot."""
+    wm = _routed(seed=3)
+    prompts = _prompts([4, 13, 9])
+    sp = SamplingParams(max_tokens=5, ignore_eos=True)
+    cold = Engine(WideRuntime(wm, max_batch=2, max_seq=64)).run(prompts, sp)
+    eng = Engine(WideRuntime(wm, max_batch=2, max_seq=64))
+    assert eng.warmup(40) == 4  # 15, 16, 31, 32 (63 and 64 exceed 40)
+    assert eng.warmup() == 5  # bound: the context (64 slots, so prompts up to 63 tokens)
+    assert int(eng.rt.cache.lens.abs().sum()) == 0 and all(s is None for s in eng.slots)
+    assert eng.counters.prompt_tokens == 0 and not eng.counters.requests_finished
+    assert [r.token_ids for r in eng.run(prompts, sp)] == [r.token_ids for r in cold]
+    eng.submit(prompts[0], sp)
+    eng.step()  # admitted: slot 0 is busy
+    with pytest.raises(RuntimeError, match="before the engine serves"):
+        eng.warmup()

@@ -6,7 +6,7 @@ Rows (written after each one, so a run stopped by its time budget keeps what fin
     lengths from a seeded log-normal) at a concurrency (closed loop: a new request as soon as one finishes),
     per variant: requests/s, output tokens/s, TTFT and TPOT p50 / p99, and for WIDE its byte limit: the bytes
     the dense engine's decode steps read over the bytes its own read (weights the batch's union runs + the KV
-    pairs its tokens run), sampled every few steps;
+    pairs its tokens run), sampled every 32 steps;
   * ``hf``: Hugging Face ``generate`` with a static cache (its forward compiled) at concurrency 1, the same chat
     requests: the baseline users have today;
   * ``bare_step``: the engine's own B 1 decode step alone (``GraphedDecode`` replay) at the chat requests' median
@@ -80,7 +80,7 @@ class ByteMeter:
     K / V projections whole, FFN channels of the union, the KV cache pairs (token, group) each busy row runs over
     its context; lm_head once. Dense: every group of every busy row."""
 
-    def __init__(self, rt: WideRuntime, every: int = 8):
+    def __init__(self, rt: WideRuntime, every: int = 32):
         d = rt.wm.dims
         self.el = rt.hf.lm_head.weight.element_size()
         self.dm, self.hq, self.hk, self.hd, self.nl = d.hidden, d.n_q_heads, d.n_kv_heads, d.head_dim, d.n_layers
@@ -111,10 +111,11 @@ class ByteMeter:
         pairs = (a.sum(-1).double() * torch.tensor([c + 1 for c in ctx], device=a.device).double()).sum()
         qo = hq * hd * dm * el * ((1.0 if self.q_whole else ua) + ua)
         wide = (qo + 2 * hk * hd * dm * el + 3 * df * dm * el * uf + self.router).sum() + pairs * kv_pair
-        self.wide += float(wide) + self.lm
+        self.wide = wide + self.lm + self.wide  # a device scalar: no host sync while the engine runs
 
     def limit(self) -> float | None:
-        return self.dense / self.wide if self.wide else None
+        wide = float(self.wide)
+        return self.dense / wide if wide else None
 
 
 def _pct(xs: list[float], q: float) -> float | None:
@@ -274,7 +275,7 @@ def run_serve_bench(
 
     def engine_for(wm: WideModel, routed: bool, max_seq: int, invariant: bool = False, meter: bool = False):
         rt = WideRuntime(wm, max_batch=max_batch, max_seq=max_seq, routed=routed, batch_invariant=invariant)
-        bytes_ = ByteMeter(rt) if meter else None
+        bytes_ = ByteMeter(rt, every=1 if smoke else 32) if meter else None
         return Engine(rt, max_context=max_seq, batch_invariant=invariant, step_hook=bytes_), bytes_
 
     # 1. the engine under each workload, concurrency and variant
@@ -294,7 +295,9 @@ def run_serve_bench(
                 max_seq = max(p + o for p, o in lengths) + 1
                 engine, meter = engine_for(wm, rates is not None, max_seq, meter=True)
                 reqs = make_requests(lengths, vocab, seed + c)
-                drive(engine, reqs[:1], 1)  # warm-up: autotune, first launches
+                # warm-up, untimed: every prompt-length class the routed prefill kernels tune for, then one request
+                engine.warmup(max(p for p, _ in lengths))
+                drive(engine, reqs[:1], 1)
                 meter.dense = meter.wide = 0.0
                 meter.n = 0
                 r = drive(engine, reqs, c)
@@ -368,6 +371,7 @@ def run_serve_bench(
         max_seq = max(p + o for p, o in lengths) + 1
         for invariant in (False, True):
             engine, _ = engine_for(wm, True, max_seq, invariant=invariant)
+            engine.warmup(max(p for p, _ in lengths))
             drive(engine, reqs[:1], 1)
             alone_r = [drive(engine, [q], 1) for q in reqs]
             alone = [a["_results"][0].token_ids for a in alone_r]

@@ -61,6 +61,10 @@ class StaticCache:
     def reset(self) -> None:
         self.lens.zero_()
 
+    def release(self, row: int) -> None:
+        """Row ``row`` holds no tokens (its entries stay in memory until a prefill overwrites them)."""
+        self.lens[row] = 0
+
 
 # The routed attention kernels' tiles fit shared memory for fp16 / fp32 only up to this head_dim.
 MAX_HEAD_DIM_WIDE_DTYPES = 64

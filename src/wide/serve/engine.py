@@ -224,6 +224,26 @@ class Engine:
             rt.cache.reset()
             self._graphs = {b: GraphedDecode(rt, b, rows=True) for b in self.sizes}
 
+    def warmup(self, max_prompt: int | None = None) -> int:
+        """Prefill throw-away prompts of every length class the routed prefill kernels tune or compile for, so that
+        no request pays it (docs/serving.md#warm-up): for each power of two p from 16 up to ``max_prompt`` (default:
+        the context), prompts of p - 1 and p tokens (``m_bucket`` classes and Triton's divisible-by-16
+        specialisation). Runs in slot 0, which must be free and is left free; no counter moves. -> prompts run."""
+        if any(r is not None for r in self.slots) or self._thread is not None:
+            raise RuntimeError("warmup() runs before the engine serves (every slot free, loop not started)")
+        top = min(self.max_context - 1, max_prompt or self.max_context)
+        lengths = sorted({n for p in (1 << k for k in range(4, max(4, top.bit_length()) + 1))
+                          for n in (p - 1, p) if 1 <= n <= top})  # fmt: skip
+        vocab = self.rt.hf.config.vocab_size
+        g = torch.Generator().manual_seed(0)
+        for n in lengths:
+            ids = torch.randint(0, vocab, (1, n), generator=g).to(self.device)
+            self.rt.prefill(ids, slot=0)
+            self.rt.cache.release(0)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return len(lengths)
+
     # ------------------------------------------------------------------ client side (any thread)
     def submit(
         self, prompt: Sequence[int], params: SamplingParams | None = None, sink: Callable[[Output], None] | None = None
