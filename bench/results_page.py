@@ -96,6 +96,30 @@ def _long_context(path: Path) -> tuple[str, str, list[str]]:
     return rows[0]["gpu"], cmds, lines
 
 
+def _serve(path: Path) -> tuple[str, str, list[str]]:
+    """A ``wide bench serve`` record: the engine rows, then the bare step and Hugging Face rows it holds."""
+    rec = json.loads(path.read_text())
+    f = lambda v, fmt: "–" if v is None else format(v, fmt)  # noqa: E731
+    lines = [
+        "| workload | concurrency | variant | output tok/s | × dense | byte limit | TTFT p50 ms | TPOT p50 ms "
+        "| attn / FFN skipped |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in (r for r in rec["records"] if r["kind"] == "engine"):
+        lines.append(
+            f"| {r['workload']} | {r['concurrency']} | {r['variant']} | {r['output_tokens_per_s']:.1f} "
+            f"| {f(r.get('speedup_vs_dense'), '.3f')} | {f(r.get('byte_limit'), '.3f')} | {r['ttft_p50_ms']:.0f} "
+            f"| {f(r['tpot_p50_ms'], '.2f')} | {f(r['attn_sparsity'], '.1%')} / {f(r['ffn_sparsity'], '.1%')} |"
+        )
+    for r in (r for r in rec["records"] if r["kind"] == "bare_step"):
+        lines.append(f"\nBare B 1 step, {r['variant']}, context {r['ctx']}: {r['tpot_ms']:.3f} ms; the engine's "
+                     f"concurrency-1 TPOT p50 is {r['engine_tpot_p50_over_bare']:.3f}× of it.")  # fmt: skip
+    for r in (r for r in rec["records"] if r["kind"] == "hf"):
+        lines.append(f"\nHugging Face `generate`, compiled static cache, concurrency 1: {r['output_tokens_per_s']:.1f} "
+                     f"output tok/s; the engine's dense row is {r['engine_dense_over_hf']:.3f}× of it.")  # fmt: skip
+    return rec["meta"]["device"], rec["meta"]["command"], lines
+
+
 def _long_context_quality(path: Path) -> tuple[str, str, list[str]]:
     """A ``bench.quality.long_context_quality`` record: token perplexity per window length, against dense on the
     same tokens and window, with the real skip rates."""
@@ -176,6 +200,25 @@ SOURCES: tuple[Source, ...] = (
         _long_context,
     ),
     Source(
+        "serve",
+        "Serving: the engine under the long workload (H100)",
+        "serve/serve-long-h100.json",
+        "a8c64ef",
+        "Llama-3.1-8B shapes, random weights, bf16, closed loop; prompts 8k-16k, outputs 128-512; every request runs "
+        "to its drawn length. Byte limit: the decode bytes only. The concurrency-1 wide50 row ran before the engine had its "
+        "warm-up and carries the routed kernels' first tuning (docs/serving.md#measured).",
+        _serve,
+    ),
+    Source(
+        "serve",
+        "Serving: the engine under the chat workload (H100)",
+        "serve/serve-chat-h100.json",
+        "a8c64ef",
+        "Prompts 128-4k, outputs 32-512. The wide50 rows ran first among the routed variants, before the engine had "
+        "its warm-up, and carry the kernels' first tuning (docs/serving.md#measured).",
+        _serve,
+    ),
+    Source(
         "quality",
         "Quality at long context: the shipped routers on 2k, 4k and 8k windows (CPU)",
         "quality/long-context-cpu.json",
@@ -241,6 +284,23 @@ def headline_rows() -> list[str]:
     rows.append(
         f"| TTFT, 32,768-token prompt, B 1, 50% | {w['gpu']} | {d['ttft_ms']:.0f} ms | {w['ttft_ms']:.0f} ms "
         f"({w['ttft_speedup']:.2f}×) | {_link(lc)} |"
+    )
+    sl, sc = "serve/serve-long-h100.json", "serve/serve-chat-h100.json"
+    srows = _load(sl)["records"]
+    d, w = (next(r for r in srows if r["kind"] == "engine" and r["concurrency"] == 16 and r["variant"] == v)
+            for v in ("dense", "wide50"))  # fmt: skip
+    rows.append(
+        f"| Serving, long workload (prompts 8k-16k), concurrency 16, 50%: output tok/s | {_load(sl)['meta']['device']} "
+        f"| {d['output_tokens_per_s']:.0f} | {w['output_tokens_per_s']:.0f} ({w['speedup_vs_dense']:.2f}×) "
+        f"| {_link(sl)} |"
+    )
+    hf = next(r for r in _load(sc)["records"] if r["kind"] == "hf")
+    eng = next(r for r in _load(sc)["records"] if r["kind"] == "engine" and r["concurrency"] == 1
+               and r["variant"] == "dense")  # fmt: skip
+    rows.append(
+        f"| Serving, chat, concurrency 1: the engine (dense) vs HF `generate` (compiled static cache), output tok/s "
+        f"| {_load(sc)['meta']['device']} | {hf['output_tokens_per_s']:.0f} (HF) | {eng['output_tokens_per_s']:.0f} "
+        f"(engine, {hf['engine_dense_over_hf']:.2f}×) | {_link(sc)} |"
     )
     kern = "kernels/kernels-h200.json"
     for op, g in (("q", 512), ("gate_up", 128), ("o", 512), ("down", 128)):

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import pickle
+import shlex
 import shutil
 import sys
 import time
@@ -570,6 +571,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
             workloads=a.workloads,
             concurrency=a.concurrency,
             parts=a.parts,
+            command="wide " + shlex.join(sys.argv[1:]),
         )
         print(f"{len(rows)} records in {time.time() - t:.0f}s -> {a.out}")
         return 0

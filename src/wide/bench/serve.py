@@ -221,6 +221,7 @@ def run_serve_bench(
     requests_per_slot: float = 1.5,
     min_requests: int = 4,
     seed: int = 0,
+    command: str = "",
 ) -> list[dict]:
     """The rows of the benchmark named in ``parts`` (see the module docstring; "engine" rows for ``workloads`` and
     ``concurrency``) -> the records, also written to ``out_dir`` as ``serve-CARD.json`` and ``.md`` (``serve-
@@ -243,6 +244,7 @@ def run_serve_bench(
         "card": card,
         "torch": torch.__version__,
         "commit": tree_commit(),
+        "command": command,
         "shape": "tiny" if smoke else "llama-3.1-8b",
         "dtype": str(dtype),
         "shipped_rates": {"attn": attn_r, "ffn": ffn_r, "from": "smollm2-135m-s50"},
@@ -413,7 +415,8 @@ def _write(out_dir: str | None, rows: list[dict], meta: dict, card: str) -> None
     cols = ["workload", "concurrency", "variant", "requests_per_s", "output_tokens_per_s", "ttft_p50_ms",
             "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "speedup_vs_dense", "byte_limit", "of_byte_limit",
             "attn_sparsity", "ffn_sparsity"]  # fmt: skip
-    lines = [f"# Serving engine ({meta['device']}, {meta['shape']} shapes, random weights)", "",
+    lines = [f"# Serving engine ({meta['device']}, {meta['shape']} shapes, random weights, commit "
+             f"{meta.get('commit', '?')})", "", f"Command: `{meta.get('command') or '?'}`", "",
              "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]  # fmt: skip
     lines += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in rows if r["kind"] == "engine"]
     for kind in ("bare_step", "hf", "batch_dependence"):
