@@ -17,7 +17,8 @@ class GraphedDecode:
     """The runtime's decode step captured once in a CUDA graph (static input ids, static logits).
 
     ``rows=True`` (serving): the step also reads a static ``active`` [B] bool (``WideRuntime.decode``'s idle
-    rows) and keeps the step's execute masks (``masks``: per layer (attention [B, Hk], FFN [B, N_G]), routed only),
+    rows) and keeps the step's execute masks (``masks``: per layer (attention [B, Hk], FFN [B, N_G]), routed only)
+    and the groups each row ran (``ran``: ``groups_run`` of those masks, [B, 2], computed inside the graph),
     refreshed by every replay."""
 
     def __init__(self, rt: WideRuntime, batch: int, rows: bool = False):
@@ -30,8 +31,9 @@ class GraphedDecode:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.logits = rt.decode(self.ids, self.active)
+            self.masks = step_masks(rt)
+            self.ran = groups_run(self.masks, batch) if rows and self.masks else None
         rt.cache.lens.copy_(lens)  # capture recorded the step; nothing ran
-        self.masks = step_masks(rt)
 
     def __call__(self, ids: torch.Tensor, active: torch.Tensor | None = None) -> torch.Tensor:
         self.ids.copy_(ids)
@@ -49,6 +51,14 @@ def step_masks(rt: WideRuntime) -> list[tuple[torch.Tensor, torch.Tensor]]:
     if rt.fused_layers is not None:
         return list(rt.fused_masks)
     return [(m.attn, m.ffn) for m in rt.last_masks]
+
+
+def groups_run(masks: list[tuple[torch.Tensor, torch.Tensor]], b: int) -> torch.Tensor:
+    """Groups each of the b rows ran in one forward, summed over layers and tokens -> [b, 2] float64 (attention,
+    FFN); ``masks`` as ``step_masks`` gives them."""
+    a = torch.cat([m.reshape(b, -1) for m, _ in masks], 1).sum(1, dtype=torch.float64)
+    f = torch.cat([m.reshape(b, -1) for _, m in masks], 1).sum(1, dtype=torch.float64)
+    return torch.stack([a, f], 1)
 
 
 def _warm(fn, n: int = 2) -> None:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import torch
 
 from wide.runtime import WideRuntime
-from wide.runtime.generate import GraphedDecode, step_masks
+from wide.runtime.generate import GraphedDecode, groups_run, step_masks
 from wide.serve.sampling import request_generator, sample
 
 
@@ -330,7 +330,7 @@ class Engine:
         logits = self.rt.prefill(ids, slot=slot)  # [1, V]
         r.tokens_run = len(r.prompt)
         if self._meter:
-            self._ran[slot] = self._count([(m.attn, m.ffn) for m in self.rt.last_masks], 1)[0]
+            self._ran[slot] = groups_run([(m.attn, m.ffn) for m in self.rt.last_masks], 1)[0]
         self.counters.prompt_tokens += len(r.prompt)
         self._take(r, sample(logits, [r.params.temperature], [r.params.top_k], [r.params.top_p], [r.generator])[0])
 
@@ -343,12 +343,13 @@ class Engine:
             ids[i, 0], active[i] = r.out[-1], True
         ids, active = ids.to(self.device), active.to(self.device)
         graph = self._graphs.get(b)
-        if graph is not None:
-            logits, masks = graph(ids, active), graph.masks
+        if graph is not None:  # the graph also counts the groups each row ran
+            logits, masks, ran = graph(ids, active), graph.masks, graph.ran
         else:
             logits, masks = self.rt.decode(ids, active), step_masks(self.rt)
+            ran = groups_run(masks, b) if self._meter else None
         if self._meter:
-            self._ran[:b] += self._count(masks, b)
+            self._ran[:b] += ran
         if self.step_hook is not None:
             self.step_hook(busy, [r.tokens_run for r in rows], masks)
         sel = torch.tensor(busy, device=self.device)
@@ -362,13 +363,6 @@ class Engine:
         for r, tok in zip(rows, picks, strict=True):
             r.tokens_run += 1
             self._take(r, tok)
-
-    @staticmethod
-    def _count(masks: list[tuple[torch.Tensor, torch.Tensor]], b: int) -> torch.Tensor:
-        """Groups each of the b rows ran in one forward, summed over layers and tokens -> [b, 2] (attention, FFN)."""
-        a = torch.cat([m.reshape(b, -1) for m, _ in masks], 1).sum(1, dtype=torch.float64)
-        f = torch.cat([m.reshape(b, -1) for _, m in masks], 1).sum(1, dtype=torch.float64)
-        return torch.stack([a, f], 1)
 
     def _take(self, r: _Request, tok: int) -> None:
         """Append a sampled token to r, emit its progress, finish it when it ends."""
