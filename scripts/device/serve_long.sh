@@ -7,6 +7,8 @@
 #   STEP=serve-chat  wide bench serve, the chat workload, the bare B 1 step, HF static-cache generate, batch
 #                    dependence                                              -> serve-chat-CARD.{json,md}
 #   STEP=tests       the GPU tests of the fused decode, long context, slots and the engine -> gpu-tests-CARD.log
+#   STEP=profile     bench.profile.profile_long_context: the fused step kernel by kernel at B 16 / 16k (B, CTX),
+#                    dense, WIDE 50% and the shipped rates                    -> profile-long-context-CARD.{json,md}
 # BUDGET_S (default 420): no row starts after it; the step's own timeout is BUDGET_S + 150.
 # Afterwards, here: python -m bench.decode.summarize_long_context bench/results/decode/long-context-CARD.json
 #   --plot docs/plots/long-context-CARD.png (records go under bench/results/decode/ and bench/results/serve/).
@@ -16,7 +18,7 @@ CARD=$(python3 -c "from wide.bench.timing import card_tag; print(card_tag())")
 BUDGET_S=${BUDGET_S:-420}
 git log -1 --format='%h %s' > "$OUT/commit.txt" 2>/dev/null || true
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/card.txt" 2>&1
-case "${STEP:?set STEP=grid|serve-long|serve-chat|tests}" in
+case "${STEP:?set STEP=grid|serve-long|serve-chat|tests|profile}" in
   grid)
     timeout $((BUDGET_S + 150)) python3 -m bench.decode.long_context --out "$OUT" --budget-s "$BUDGET_S" \
       > "$OUT/grid.log" 2>&1 ;;
@@ -37,6 +39,9 @@ case "${STEP:?set STEP=grid|serve-long|serve-chat|tests}" in
       tests/kernels/test_fused_decode.py tests/kernels/test_attention.py tests/runtime/test_slots.py \
       tests/runtime/test_fused_runtime.py tests/serve/test_engine_gpu.py >> "$L" 2>&1
     echo "pytest exit $?" >> "$L" ;;
+  profile)
+    timeout $((BUDGET_S + 150)) python3 -m bench.profile.profile_long_context --out "$OUT" --batch "${B:-16}" \
+      --ctx "${CTX:-16384}" > "$OUT/profile.log" 2>&1 ;;
   *) echo "unknown STEP=$STEP" >&2; exit 2 ;;
 esac
 echo "exit $?"
