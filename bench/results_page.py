@@ -205,8 +205,8 @@ SOURCES: tuple[Source, ...] = (
         "serve/serve-long-h100.json",
         "a8c64ef",
         "Llama-3.1-8B shapes, random weights, bf16, closed loop; prompts 8k-16k, outputs 128-512; every request runs "
-        "to its drawn length. Byte limit: the decode bytes only. The concurrency-1 wide50 row ran before the engine had its "
-        "warm-up and carries the routed kernels' first tuning (docs/serving.md#measured).",
+        "to its drawn length. Byte limit: the decode bytes only. The concurrency-1 wide50 row ran before the engine "
+        "had its warm-up and carries the routed kernels' first tuning (docs/serving.md#measured).",
         _serve,
     ),
     Source(
