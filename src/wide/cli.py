@@ -438,6 +438,11 @@ def cmd_serve(a: argparse.Namespace) -> int:
         dtype=_dtype(a.dtype, device),
         device=device,
     )
+    if engine.device.type == "cuda":  # the routed prefill kernels tune per length class: before the first request
+        t0 = time.time()
+        print(f"warming up for prompts up to {engine.max_context - 1} tokens (once) ...", file=sys.stderr, flush=True)
+        n = engine.warmup()
+        print(f"warmed up: {n} prompts in {time.time() - t0:.0f} s", file=sys.stderr)
     name = a.served_model_name or a.model
     mode = f"routers {a.routers}" if a.routers else "dense"
     print(f"serving {name} ({mode}) on http://{a.host}:{a.port}/v1 ({a.max_batch} slots)", file=sys.stderr)

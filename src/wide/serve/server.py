@@ -301,8 +301,6 @@ def build_engine(
     eos_ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()
     eos_ids |= set(eos if isinstance(eos, list) else [] if eos is None else [eos])
     engine = Engine(rt, tok, eos_ids=sorted(eos_ids), queue_size=queue_size, batch_invariant=batch_invariant)
-    if engine.device.type == "cuda":  # the routed prefill kernels tune per length class: before the first request
-        engine.warmup()
     return engine, tok
 
 
