@@ -48,8 +48,8 @@ class QualityRow:
     seconds: float
 
 
-def token_stream(tokenizer, n_tokens: int, data_dir: str | None) -> tuple[list[int], str]:
-    """The first n_tokens of WikiText-2 test (lm-eval's detokeniser per page, pages joined)."""
+def token_stream(tokenizer, n_tokens: int, data_dir: str | None, offset: int = 0) -> tuple[list[int], str]:
+    """n_tokens of WikiText-2 test from token ``offset`` on (lm-eval's detokeniser per page, pages joined)."""
     from lm_eval.tasks.wikitext.preprocess_wikitext import wikitext_detokenizer
 
     from wide.eval.perplexity import encode_like_hflm
@@ -59,9 +59,9 @@ def token_stream(tokenizer, n_tokens: int, data_dir: str | None) -> tuple[list[i
     toks: list[int] = []
     for page in pages:
         toks += encode_like_hflm(tokenizer, wikitext_detokenizer({"page": page}))
-        if len(toks) >= n_tokens:
-            return toks[:n_tokens], source
-    raise ValueError(f"WikiText-2 test holds {len(toks)} tokens, fewer than --tokens {n_tokens}")
+        if len(toks) >= offset + n_tokens:
+            return toks[offset : offset + n_tokens], source
+    raise ValueError(f"WikiText-2 test holds {len(toks)} tokens, fewer than --offset + --tokens {offset + n_tokens}")
 
 
 @torch.no_grad()
@@ -146,6 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--routers", nargs="*", default=list(ROUTERS), help="shipped checkpoint names or dirs")
     ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--offset", type=int, default=0, help="skip this many tokens of the stream first (another slice)")
     ap.add_argument("--windows", type=int, nargs="+", default=[8192, 2048, 4096])
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--served-windows", type=int, nargs="*", default=[8192], help="windows also scored served")
@@ -168,12 +169,14 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     model, tok = load_model(a.model, dtype=torch.float32, device="cpu")
-    stream, source = token_stream(tok, a.tokens, a.data_dir)
+    stream, source = token_stream(tok, a.tokens, a.data_dir, a.offset)
     prefix = prefix_token_id(tok)
     record = {
         "model": a.model,
         "tokens": a.tokens,
-        "source": f"WikiText-2 test, {source}, first {a.tokens} tokens",
+        "source": f"WikiText-2 test, {source}, "
+        + (f"first {a.tokens} tokens" if not a.offset else f"tokens {a.offset}-{a.offset + a.tokens - 1}"),
+        "offset": a.offset,
         "dtype": "float32",
         "device": "cpu",
         "command": "nice python -m bench.quality.long_context_quality " + shlex.join(argv or sys.argv[1:]),
@@ -182,11 +185,13 @@ def main(argv: list[str] | None = None) -> None:
         "rows": [],
     }
 
+    stem = "long-context-cpu" + (f"-offset{a.offset}" if a.offset else "")
+
     def emit(r: QualityRow) -> None:
         record["rows"].append(asdict(r))
         print(json.dumps(asdict(r)), flush=True)
-        (out / "long-context-cpu.json").write_text(json.dumps(record, indent=1))
-        (out / "long-context-cpu.md").write_text(to_markdown(record))
+        (out / f"{stem}.json").write_text(json.dumps(record, indent=1))
+        (out / f"{stem}.md").write_text(to_markdown(record))
 
     routed = []  # (label, its own model copy with the routers attached, WideModel)
     for name in a.routers:
