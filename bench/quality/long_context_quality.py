@@ -140,6 +140,52 @@ def to_markdown(record: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def pool(records: list[dict]) -> list[dict]:
+    """Slices of the test set scored alike (records of this script) -> one row per (row, path, window) over all of
+    them: token perplexity exp(sum of NLL / tokens), skip rates weighted by tokens, × dense on the same pooled
+    tokens. Only (row, path, window) present in every record."""
+    keys = set.intersection(*({(r["row"], r["path"], r["window"]) for r in rec["rows"]} for rec in records))
+    out = []
+    for key in sorted(keys, key=lambda k: (k[2], k[0] != "dense", k[0], k[1])):
+        rs = [r for rec in records for r in rec["rows"] if (r["row"], r["path"], r["window"]) == key]
+        n = sum(r["tokens"] for r in rs)
+        nll = sum(math.log(r["token_perplexity"]) * r["tokens"] for r in rs)
+
+        def wmean(field: str, rs=rs, n=n) -> float | None:
+            v = [r[field] for r in rs]
+            return None if any(x is None for x in v) else sum(x * r["tokens"] for x, r in zip(v, rs, strict=True)) / n
+
+        out.append({"row": key[0], "path": key[1], "window": key[2], "tokens": n, "slices": len(rs),
+                    "token_perplexity": math.exp(nll / n), "attn_sparsity": wmean("attn_sparsity"),
+                    "ffn_sparsity": wmean("ffn_sparsity")})  # fmt: skip
+    dense = {r["window"]: r["token_perplexity"] for r in out if r["row"] == "dense"}
+    for r in out:
+        r["x_dense"] = r["token_perplexity"] / dense[r["window"]] if r["window"] in dense else None
+    return out
+
+
+def pooled_markdown(rows: list[dict], sources: list[str], command: str) -> str:
+    f = lambda x, fmt: "–" if x is None else format(x, fmt)  # noqa: E731
+    lines = [
+        "# Long-context quality (CPU), pooled over slices: SmolLM2-135M on WikiText-2 windows",
+        "",
+        f"Command: `{command}`",
+        "",
+        "Slices (each its own record): " + "; ".join(sources) + ". Token perplexity over every slice's tokens "
+        "(exp of the summed NLL over the summed tokens); × dense on the same tokens and window; skip rates "
+        "weighted by tokens.",
+        "",
+        "| row | path | window | tokens | token ppl | × dense | attn skip | FFN skip |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['row']} | {r['path']} | {r['window']} | {r['tokens']:,} | {r['token_perplexity']:.3f} | "
+            f"{f(r['x_dense'], '.3f')} | {f(r['attn_sparsity'], '.1%')} | {f(r['ffn_sparsity'], '.1%')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench/results/quality")
@@ -151,9 +197,22 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--served-windows", type=int, nargs="*", default=[8192], help="windows also scored served")
     ap.add_argument("--render", type=Path, help="only rewrite the .md of this record (.json)")
+    ap.add_argument("--pool", type=Path, nargs="+", help="only pool these records (slices) into OUT/long-context-"
+                    "cpu-pooled.{json,md}")  # fmt: skip
     a = ap.parse_args(argv)
     if a.render is not None:
         a.render.with_suffix(".md").write_text(to_markdown(json.loads(a.render.read_text())))
+        return
+    if a.pool:
+        recs = [json.loads(p.read_text()) for p in a.pool]
+        cmd = "python -m bench.quality.long_context_quality " + shlex.join(argv or sys.argv[1:])
+        rows = pool(recs)
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        srcs = [f"`{p.name}` ({r['source']}, commit {r['commit']})" for p, r in zip(a.pool, recs, strict=True)]
+        (out / "long-context-cpu-pooled.json").write_text(json.dumps({"command": cmd, "sources": [str(p) for p in
+                                                                     a.pool], "rows": rows}, indent=1))  # fmt: skip
+        (out / "long-context-cpu-pooled.md").write_text(pooled_markdown(rows, srcs, cmd))
         return
     torch.manual_seed(0)
     from wide.baselines import load as load_method

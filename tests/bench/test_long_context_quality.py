@@ -57,3 +57,22 @@ def test_markdown_ratios_are_against_dense_on_the_same_window():
     md = Q.to_markdown(rec)
     assert "| r | masked | 8 | 15.000 | 1.500 |" in md
     assert "| r | masked | 4 | 25.000 | 1.250 |" in md
+
+
+def test_pool_weights_slices_by_their_tokens():
+    """Pooled token perplexity is exp(summed NLL / summed tokens); × dense on the pooled tokens; skip rates weighted
+    by tokens; a (row, path, window) missing from one slice is left out."""
+
+    def row(name, window, ppl, tokens, attn=None):
+        return {"row": name, "path": "hf" if name == "dense" else "masked", "window": window, "tokens": tokens,
+                "token_perplexity": ppl, "attn_sparsity": attn, "ffn_sparsity": attn}  # fmt: skip
+
+    a = {"rows": [row("dense", 2048, 10.0, 100), row("s50", 2048, 20.0, 100, 0.5), row("s25", 2048, 12.0, 100, 0.2)]}
+    b = {"rows": [row("dense", 2048, 40.0, 300), row("s50", 2048, 60.0, 300, 0.7)]}
+    got = {r["row"]: r for r in Q.pool([a, b])}
+    assert set(got) == {"dense", "s50"}
+    d = math.exp((100 * math.log(10.0) + 300 * math.log(40.0)) / 400)
+    w = math.exp((100 * math.log(20.0) + 300 * math.log(60.0)) / 400)
+    assert math.isclose(got["dense"]["token_perplexity"], d) and math.isclose(got["s50"]["x_dense"], w / d)
+    assert math.isclose(got["s50"]["attn_sparsity"], 0.65) and got["dense"]["attn_sparsity"] is None
+    assert got["s50"]["tokens"] == 400 and got["s50"]["slices"] == 2
