@@ -96,6 +96,13 @@ def _long_context(path: Path) -> tuple[str, str, list[str]]:
     return rows[0]["gpu"], cmds, lines
 
 
+def _long_context_quality_pooled(path: Path) -> tuple[str, str, list[str]]:
+    """``bench.quality.long_context_quality --pool``: the slices' rows pooled (token-weighted)."""
+    rec = json.loads(path.read_text())
+    table = [ln for ln in (path.with_suffix(".md")).read_text().splitlines() if ln.startswith("|")]
+    return "CPU, float32", rec["command"], table
+
+
 def _serve(path: Path) -> tuple[str, str, list[str]]:
     """A ``wide bench serve`` record: the engine rows, then the bare step and Hugging Face rows it holds."""
     rec = json.loads(path.read_text())
@@ -226,6 +233,15 @@ SOURCES: tuple[Source, ...] = (
         "SmolLM2-135M (context 8,192), routers calibrated on 2,048-token sequences; a slice of WikiText-2's test set "
         "cut into windows of each length, so every length scores the same tokens (docs/long-context.md).",
         _long_context_quality,
+    ),
+    Source(
+        "quality",
+        "Quality at long context, four slices pooled (CPU)",
+        "quality/long-context-cpu-pooled.json",
+        "21ac089, e0befd1, b49ee54",
+        "The same measurement on the first 32,768 tokens of the test set, as four slices of 8,192 (each its own "
+        "record, masked path), pooled token-weighted by ``--pool``.",
+        _long_context_quality_pooled,
     ),
 )
 
