@@ -126,14 +126,21 @@ def rules_for(ctx: int, wanted: list[str]) -> list[str]:
     return [r for r in wanted if r in RULES] if ctx + 16 >= FD.LONG_CONTEXT else ["short"]
 
 
+def filled_runtime(wm: WideModel, batch: int, ctx: int, routed: bool, dev: str) -> WideRuntime:
+    """A fused-decode runtime whose cache holds ``ctx`` random keys per sequence (a decode step reads the cache
+    whatever wrote it, so no long prefill is needed), room for 16 more."""
+    rt = WideRuntime(wm, max_batch=batch, max_seq=ctx + 16, routed=routed, fused_decode=True)
+    gen = torch.Generator(device=dev).manual_seed(ctx * 31 + batch)
+    for c in (rt.cache.k, rt.cache.v):  # [L, B, S, Hk, d]: any values serve a time
+        c.normal_(generator=gen)
+    rt.cache.lens.fill_(ctx)
+    return rt
+
+
 def decode_rows(wm: WideModel, level: Level, batch: int, ctx: int, cfg: GridConfig, dev: str) -> list[dict]:
     """One record per rule: TPOT of a CUDA-graph decode step at ``ctx`` random cached keys, bytes, fractions."""
     routed = level.attn is not None
-    rt = WideRuntime(wm, max_batch=batch, max_seq=ctx + 16, routed=routed, fused_decode=True)
-    gen = torch.Generator(device=dev).manual_seed(ctx * 31 + batch)
-    for c in (rt.cache.k, rt.cache.v):  # [L, B, S, Hk, d]: any values serve a TPOT
-        c.normal_(generator=gen)
-    rt.cache.lens.fill_(ctx)
+    rt = filled_runtime(wm, batch, ctx, routed, dev)
     lens = rt.cache.lens.clone()
     # the same tokens for every variant of a (B, ctx): rows with the same routers take the same decisions
     ids = torch.randint(0, wm.dims.vocab, (batch, 1), generator=torch.Generator().manual_seed(batch)).to(dev)

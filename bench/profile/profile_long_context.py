@@ -21,12 +21,11 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench.decode.long_context import LLAMA_8B, SHIPPED, SMOKE_SHAPE, Level, shipped_rates
+from bench.decode.long_context import LLAMA_8B, SHIPPED, SMOKE_SHAPE, Level, filled_runtime, shipped_rates
 from wide.bench.e2e import build_model, routers_at
 from wide.bench.timing import card_tag, tree_commit
 from wide.config import WideConfig
 from wide.model import WideModel
-from wide.runtime import WideRuntime
 
 # kernel name fragments -> family (first match wins; the fused layer's kernels are named after their work)
 FAMILIES = (
@@ -78,10 +77,7 @@ def profile_cell(levels: list[Level], batch: int, ctx: int, reps: int, smoke: bo
         routed = lv.attn is not None
         if routed:
             routers_at(wm, (lv.attn, lv.ffn), probe)
-        rt = WideRuntime(wm, max_batch=batch, max_seq=ctx + 16, routed=routed, fused_decode=True)
-        gen = torch.Generator(device=dev).manual_seed(ctx * 31 + batch)
-        for c in (rt.cache.k, rt.cache.v):  # [L, B, S, Hk, d]: any values serve a time
-            c.normal_(generator=gen)
+        rt = filled_runtime(wm, batch, ctx, routed, dev)
 
         def step(rt=rt):
             rt.cache.lens.fill_(ctx)

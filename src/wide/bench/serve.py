@@ -111,7 +111,7 @@ class ByteMeter:
         pairs = (a.sum(-1).double() * torch.tensor([c + 1 for c in ctx], device=a.device).double()).sum()
         qo = hq * hd * dm * el * ((1.0 if self.q_whole else ua) + ua)
         wide = (qo + 2 * hk * hd * dm * el + 3 * df * dm * el * uf + self.router).sum() + pairs * kv_pair
-        self.wide = wide + self.lm + self.wide  # a device scalar: no host sync while the engine runs
+        self.wide = wide + self.lm + self.wide  # a device scalar: nothing read back to the host until limit()
 
     def limit(self) -> float | None:
         wide = float(self.wide)
