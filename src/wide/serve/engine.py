@@ -337,11 +337,13 @@ class Engine:
     def _decode(self, busy: list[int]) -> None:
         b = next(s for s in self.sizes if s > busy[-1])
         rows = [self.slots[i] for i in busy]
-        ids = torch.zeros(b, 1, dtype=torch.long)
-        active = torch.zeros(b, dtype=torch.bool)
+        # one host-to-device copy per step: ids [b] | active [b] | the busy rows [n]
+        host = torch.zeros(2 * b + len(busy), dtype=torch.long)
         for i, r in zip(busy, rows, strict=True):
-            ids[i, 0], active[i] = r.out[-1], True
-        ids, active = ids.to(self.device), active.to(self.device)
+            host[i], host[b + i] = r.out[-1], 1
+        host[2 * b :] = torch.tensor(busy)
+        dev = host.to(self.device)
+        ids, active, sel = dev[:b].view(b, 1), dev[b : 2 * b].bool(), dev[2 * b :]
         graph = self._graphs.get(b)
         if graph is not None:  # the graph also counts the groups each row ran
             logits, masks, ran = graph(ids, active), graph.masks, graph.ran
@@ -352,7 +354,6 @@ class Engine:
             self._ran[:b] += ran
         if self.step_hook is not None:
             self.step_hook(busy, [r.tokens_run for r in rows], masks)
-        sel = torch.tensor(busy, device=self.device)
         picks = sample(
             logits.index_select(0, sel),
             [r.params.temperature for r in rows],
