@@ -19,7 +19,7 @@ from wide.kernels.route.plan import plan  # noqa: E402
 from wide.kernels.route.reorder import RouteIndex, plan_route, reorder  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
-gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+gpu = pytest.mark.gpu  # the root conftest skips it without CUDA; `pytest -m gpu` is the GPU suite
 
 
 def make_route(mode: str, b: int, t: int, ng: int, device="cpu", p: float = 0.5, seed: int = 0):
