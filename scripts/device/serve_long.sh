@@ -9,6 +9,8 @@
 #   STEP=tests       the GPU suite (pytest -m gpu), the long-context file alone first  -> gpu-tests-CARD.log
 #   STEP=profile     bench.profile.profile_long_context: the fused step kernel by kernel at B 16 / 16k (B, CTX),
 #                    dense, WIDE 50% and the shipped rates                    -> profile-long-context-CARD.{json,md}
+#                    then bench.kernels.sweep_prefill_attention: the routed prefill attention's launch
+#                    configurations at 4k/16k/32k prompts vs SDPA             -> prefill-sweep-CARD.{json,md}
 # BUDGET_S (default 420): no row starts after it; the step's own timeout is BUDGET_S + 150.
 # Afterwards, here: python -m bench.decode.summarize_long_context bench/results/decode/long-context-CARD.json
 #   --plot docs/plots/long-context-CARD.png (records go under bench/results/decode/ and bench/results/serve/).
@@ -40,8 +42,11 @@ case "${STEP:?set STEP=grid|serve-long|serve-chat|tests|profile}" in
       --ignore=tests/kernels/test_long_context.py tests >> "$L" 2>&1
     echo "pytest exit $?" >> "$L" ;;
   profile)
-    timeout $((BUDGET_S + 150)) python3 -m bench.profile.profile_long_context --out "$OUT" --batch "${B:-16}" \
-      --ctx "${CTX:-16384}" > "$OUT/profile.log" 2>&1 ;;
+    timeout $((BUDGET_S / 2 + 60)) python3 -m bench.profile.profile_long_context --out "$OUT" --batch "${B:-16}" \
+      --ctx "${CTX:-16384}" > "$OUT/profile.log" 2>&1
+    echo "profile exit $?" >> "$OUT/profile.log"
+    timeout $((BUDGET_S / 2 + 60)) python3 -m bench.kernels.sweep_prefill_attention --out "$OUT" \
+      --budget-s $((BUDGET_S / 2 - 30)) > "$OUT/prefill-sweep.log" 2>&1 ;;
   *) echo "unknown STEP=$STEP" >&2; exit 2 ;;
 esac
 echo "exit $?"
