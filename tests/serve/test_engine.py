@@ -250,3 +250,26 @@ def test_warmup_prefills_every_length_class_and_leaves_the_engine_as_it_was():
     eng.step()  # admitted: slot 0 is busy
     with pytest.raises(RuntimeError, match="before the engine serves"):
         eng.warmup()
+
+
+def test_overlap_runs_no_step_too_many_and_a_reused_slot_stays_clean():
+    """Overlap (docs/serving.md#overlap): requests ending by length run exactly max_tokens - 1 decode steps; one
+    ending by EOS runs at most one step past it; a request admitted into the slot it leaves (while that extra step
+    is still launched) gets the tokens it gets alone."""
+    wm = _routed(seed=3)
+    steps: list[int] = []
+    eng = Engine(WideRuntime(wm, max_batch=2, max_seq=40), step_hook=lambda busy, lens, masks: steps.append(len(busy)))
+    prompts = _prompts([4, 9, 6], seed=4)
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (5, 8, 3)]
+    free = eng.run(prompts, params)
+    assert sum(steps) == sum(p.max_tokens - 1 for p in params)
+    toks = free[1].token_ids
+    k = toks.index(toks[3])  # the first place the 4th token appears: EOS there ends the request after k tokens
+    steps.clear()
+    hook = eng.step_hook
+    eos = Engine(WideRuntime(wm, max_batch=1, max_seq=40), eos_ids=[toks[3]], step_hook=hook)
+    first, second = eos.run(prompts[1:3], [SamplingParams(max_tokens=8), params[2]])
+    assert first.finish_reason == "stop" and first.token_ids == toks[:k]
+    assert second.token_ids == free[2].token_ids  # same slot, admitted right after the EOS
+    assert k + params[2].max_tokens - 1 <= sum(steps) <= k + 1 + params[2].max_tokens - 1
+    assert eos.load() == (0, 0) and not eos.has_work()

@@ -4,10 +4,12 @@ One scheduler iteration (``Engine.step``):
   1. apply cancellations (a cancelled request's slot is freed at once);
   2. admit waiting requests, oldest first, into free slots, lowest slot first: each is prefilled ALONE into its
      row (``WideRuntime.prefill(ids, slot)``: no other row is read or written) and its first token is sampled;
-  3. one decode step over rows [0, B), B = the padded size (1, 2, 4, 8, 16, ... <= max_batch) covering the highest
-     busy slot (``max_batch`` in batch-invariant mode); each row at its own cache length, idle rows inside B
-     flagged inactive (they run no attention / FFN group; docs/serving.md#what-idle-rows-compute);
-  4. sample each busy row, append, finish on EOS / a stop string / max_tokens, free the slot at once.
+  3. launch one decode step over rows [0, B), B = the padded size (1, 2, 4, 8, 16, ... <= max_batch) covering the
+     highest busy slot (``max_batch`` in batch-invariant mode); each row at its own cache length, idle rows inside
+     B flagged inactive (they run no attention / FFN group; docs/serving.md#what-idle-rows-compute); its tokens
+     are sampled on the device and stay there as the next step's inputs;
+  4. take the PREVIOUS step's tokens (read back while this one runs: docs/serving.md#overlap): append, finish on
+     EOS / a stop string / max_tokens, free the slot at once.
 
 Invariants:
   * Only the engine thread (whoever calls ``step``) touches the runtime and the slots; ``submit`` and ``cancel``
@@ -19,6 +21,10 @@ Invariants:
   * Streamed text deltas concatenate to the final text: text that could still become a stop string, or an
     incomplete UTF-8 character, is held back until it cannot.
   * On CUDA each padded batch size replays its own ``GraphedDecode``, captured when the engine is built.
+  * Overlap: at most one launched step is not yet taken. A row runs in a step only while its tokens taken plus
+    pending stay below max_tokens, so a request ending by length never runs a step too many; one ending by EOS,
+    a stop string or a cancel may have run one more step, whose token is dropped (its cost is counted in its
+    ``tokens_run``). Its slot may take a new request at once: the new prefill is queued after that step.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ import torch
 
 from wide.runtime import WideRuntime
 from wide.runtime.generate import GraphedDecode, groups_run, step_masks
-from wide.serve.sampling import request_generator, sample
+from wide.serve.sampling import request_generator, sample, sample_tokens
 
 
 class RequestError(ValueError):
@@ -123,7 +129,19 @@ class _Request:
     text: str = ""  # text of ``out`` up to a stop string
     emitted: int = 0  # characters of ``text`` already sent
     first_token_at: float | None = None
-    tokens_run: int = 0  # tokens the model ran for it (prompt + generated but the last)
+    tokens_run: int = 0  # tokens the model ran for it: the prompt and every decode step it ran in
+    pending: int = 0  # tokens sampled on the device, not yet taken (0 or 1 between engine steps)
+    done: bool = False  # finished: a launched step's token for it is dropped
+
+
+@dataclass
+class _Launched:
+    """A decode step launched and not yet taken: its requests (busy-slot order) and their sampled tokens, valid on
+    the host once ``ready`` has fired (None on the CPU: valid at once)."""
+
+    rows: list[_Request]
+    picks: torch.Tensor  # [N] int64, host (pinned on CUDA)
+    ready: torch.cuda.Event | None
 
 
 @dataclass
@@ -219,6 +237,13 @@ class Engine:
         self._groups = (n_layers * rt.wm.dims.n_kv_heads, n_layers * rt.weights[0].w_down.shape[1] // rt.g_ffn)
         self._meter = routed
         self.step_hook = step_hook
+        # overlap (docs/serving.md#overlap): per slot the latest token sampled on the device, the next step's input
+        # until the host has taken it; the launched, untaken step; two host buffers its tokens alternate between
+        self._last = torch.zeros(self.max_batch, dtype=torch.long, device=self.device)
+        self._inflight: _Launched | None = None
+        pin = self.device.type == "cuda"
+        self._pick_bufs = [torch.zeros(self.max_batch, dtype=torch.long, pin_memory=pin) for _ in range(2)]
+        self._flip = 0
         self._graphs: dict[int, GraphedDecode] = {}
         if cuda_graphs and self.device.type == "cuda":
             rt.cache.reset()
@@ -297,11 +322,13 @@ class Engine:
     # ------------------------------------------------------------------ the loop
     def has_work(self) -> bool:
         with self._lock:
-            return bool(self._waiting or self._cancel) or any(r is not None for r in self.slots)
+            busy = self._inflight is not None or any(r is not None for r in self.slots)
+            return bool(self._waiting or self._cancel) or busy
 
     @torch.no_grad()
     def step(self) -> None:
-        """One scheduler iteration: cancellations, admissions (prefill), one decode step."""
+        """One scheduler iteration: cancellations, admissions (prefill), the launch of one decode step, the take of
+        the step launched before it."""
         with self._lock:
             cancel, self._cancel = self._cancel, set()
             kept = deque(r for r in self._waiting if r.id not in cancel)
@@ -319,9 +346,12 @@ class Engine:
                     break
                 r = self._waiting.popleft()
             self._admit(r, slot)
-        busy = [i for i, r in enumerate(self.slots) if r is not None]
+        busy = [i for i, r in enumerate(self.slots) if r is not None and len(r.out) + r.pending < r.params.max_tokens]
+        prev, self._inflight = self._inflight, None
         if busy:
-            self._decode(busy)
+            self._inflight = self._launch(busy)
+        if prev is not None:
+            self._collect(prev)
 
     def _admit(self, r: _Request, slot: int) -> None:
         r.slot, self.slots[slot] = slot, r
@@ -334,16 +364,18 @@ class Engine:
         self.counters.prompt_tokens += len(r.prompt)
         self._take(r, sample(logits, [r.params.temperature], [r.params.top_k], [r.params.top_p], [r.generator])[0])
 
-    def _decode(self, busy: list[int]) -> None:
+    def _launch(self, busy: list[int]) -> _Launched:
+        """Queue one decode step of the busy slots and the sampling of their next tokens; no host sync."""
         b = next(s for s in self.sizes if s > busy[-1])
         rows = [self.slots[i] for i in busy]
-        # one host-to-device copy per step: ids [b] | active [b] | the busy rows [n]
+        # one host-to-device copy per step: ids [b] (-1: the token is still on the device) | active [b] | busy [n]
         host = torch.zeros(2 * b + len(busy), dtype=torch.long)
         for i, r in zip(busy, rows, strict=True):
-            host[i], host[b + i] = r.out[-1], 1
+            host[i], host[b + i] = (r.out[-1] if r.pending == 0 else -1), 1
         host[2 * b :] = torch.tensor(busy)
         dev = host.to(self.device)
-        ids, active, sel = dev[:b].view(b, 1), dev[b : 2 * b].bool(), dev[2 * b :]
+        active, sel = dev[b : 2 * b].bool(), dev[2 * b :]
+        ids = torch.where(dev[:b] < 0, self._last[:b], dev[:b]).view(b, 1)  # [b, 1]
         graph = self._graphs.get(b)
         if graph is not None:  # the graph also counts the groups each row ran
             logits, masks, ran = graph(ids, active), graph.masks, graph.ran
@@ -354,15 +386,34 @@ class Engine:
             self._ran[:b] += ran
         if self.step_hook is not None:
             self.step_hook(busy, [r.tokens_run for r in rows], masks)
-        picks = sample(
+        picks = sample_tokens(
             logits.index_select(0, sel),
             [r.params.temperature for r in rows],
             [r.params.top_k for r in rows],
             [r.params.top_p for r in rows],
             [r.generator for r in rows],
-        )
-        for r, tok in zip(rows, picks, strict=True):
+        )  # [n] on the device
+        self._last.index_copy_(0, sel, picks)
+        buf = self._pick_bufs[self._flip][: len(rows)]
+        self._flip ^= 1
+        buf.copy_(picks, non_blocking=True)
+        ready = None
+        if self.device.type == "cuda":
+            ready = torch.cuda.Event()
+            ready.record()
+        for r in rows:
             r.tokens_run += 1
+            r.pending += 1
+        return _Launched(rows, buf, ready)
+
+    def _collect(self, step: _Launched) -> None:
+        """Take a launched step's tokens (waits for it); a request finished since it launched drops its token."""
+        if step.ready is not None:
+            step.ready.synchronize()
+        for r, tok in zip(step.rows, step.picks.tolist(), strict=True):
+            if r.done:
+                continue
+            r.pending -= 1
             self._take(r, tok)
 
     def _take(self, r: _Request, tok: int) -> None:
@@ -399,6 +450,7 @@ class Engine:
 
     def _finish(self, r: _Request, reason: str, toks: list[int] | None = None) -> None:
         now = time.perf_counter()
+        r.done = True
         new = r.text[r.emitted :]  # the rest, held back until now
         r.emitted = len(r.text)
         attn = ffn = None
@@ -466,6 +518,7 @@ class Engine:
                 self._fail_all(f"{type(e).__name__}: {e}")
 
     def _fail_all(self, why: str) -> None:
+        self._inflight = None
         for r in self.slots:
             if r is not None:
                 r.text = r.text[: r.emitted]

@@ -4,7 +4,7 @@ Invariants:
   * temperature 0 is greedy (argmax; ties go to the lowest token id, as ``torch.argmax``).
   * A sampled row draws from its request's own ``torch.Generator`` (seeded from the request's seed), one draw per
     token, so the same seed and the same logits give the same tokens whatever other rows share the batch.
-  * One host sync per call (the chosen ids come back as a list).
+  * ``sample`` syncs once (the chosen ids come back as a list); ``sample_tokens`` leaves them on the device.
 """
 
 from __future__ import annotations
@@ -41,6 +41,23 @@ def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: f
     return probs
 
 
+def sample_tokens(
+    logits: torch.Tensor,
+    temperature: Sequence[float],
+    top_k: Sequence[int],
+    top_p: Sequence[float],
+    generators: Sequence[torch.Generator | None],
+) -> torch.Tensor:
+    """logits: [N, V] fp32, one row per request (its settings at the same index) -> the N chosen token ids [N]
+    (int64, on the logits' device; no host sync)."""
+    out = logits.argmax(-1)  # [N]: greedy rows keep it
+    for i, t in enumerate(temperature):
+        if t > 0:
+            probs = filter_logits(logits[i], t, top_k[i], top_p[i])
+            out[i] = torch.multinomial(probs, 1, generator=generators[i])[0]
+    return out
+
+
 def sample(
     logits: torch.Tensor,
     temperature: Sequence[float],
@@ -48,10 +65,5 @@ def sample(
     top_p: Sequence[float],
     generators: Sequence[torch.Generator | None],
 ) -> list[int]:
-    """logits: [N, V] fp32, one row per request (its settings at the same index) -> the N chosen token ids."""
-    out = logits.argmax(-1)  # [N]: greedy rows keep it
-    for i, t in enumerate(temperature):
-        if t > 0:
-            probs = filter_logits(logits[i], t, top_k[i], top_p[i])
-            out[i] = torch.multinomial(probs, 1, generator=generators[i])[0]
-    return out.tolist()
+    """``sample_tokens`` read back: the N chosen token ids as a list (one host sync)."""
+    return sample_tokens(logits, temperature, top_k, top_p, generators).tolist()
