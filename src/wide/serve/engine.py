@@ -238,10 +238,13 @@ class Engine:
         self._meter = routed
         self.step_hook = step_hook
         # overlap (docs/serving.md#overlap): per slot the latest token sampled on the device, the next step's input
-        # until the host has taken it; the launched, untaken step; two host buffers its tokens alternate between
+        # until the host has taken it; the launched, untaken step; per step parity, a host buffer of its inputs and
+        # one of its tokens (pinned on CUDA: a copy from pageable memory would wait for the step in flight). A
+        # step's buffers are written again two steps later, after the host has waited for it.
         self._last = torch.zeros(self.max_batch, dtype=torch.long, device=self.device)
         self._inflight: _Launched | None = None
         pin = self.device.type == "cuda"
+        self._stage = [torch.zeros(3 * self.max_batch, dtype=torch.long, pin_memory=pin) for _ in range(2)]
         self._pick_bufs = [torch.zeros(self.max_batch, dtype=torch.long, pin_memory=pin) for _ in range(2)]
         self._flip = 0
         self._graphs: dict[int, GraphedDecode] = {}
@@ -369,11 +372,13 @@ class Engine:
         b = next(s for s in self.sizes if s > busy[-1])
         rows = [self.slots[i] for i in busy]
         # one host-to-device copy per step: ids [b] (-1: the token is still on the device) | active [b] | busy [n]
-        host = torch.zeros(2 * b + len(busy), dtype=torch.long)
+        flip, self._flip = self._flip, self._flip ^ 1
+        host = self._stage[flip][: 2 * b + len(busy)]
+        host.zero_()
         for i, r in zip(busy, rows, strict=True):
             host[i], host[b + i] = (r.out[-1] if r.pending == 0 else -1), 1
         host[2 * b :] = torch.tensor(busy)
-        dev = host.to(self.device)
+        dev = host.to(self.device, non_blocking=True)
         active, sel = dev[b : 2 * b].bool(), dev[2 * b :]
         ids = torch.where(dev[:b] < 0, self._last[:b], dev[:b]).view(b, 1)  # [b, 1]
         graph = self._graphs.get(b)
@@ -394,8 +399,7 @@ class Engine:
             [r.generator for r in rows],
         )  # [n] on the device
         self._last.index_copy_(0, sel, picks)
-        buf = self._pick_bufs[self._flip][: len(rows)]
-        self._flip ^= 1
+        buf = self._pick_bufs[flip][: len(rows)]
         buf.copy_(picks, non_blocking=True)
         ready = None
         if self.device.type == "cuda":
@@ -518,7 +522,7 @@ class Engine:
                 self._fail_all(f"{type(e).__name__}: {e}")
 
     def _fail_all(self, why: str) -> None:
-        self._inflight = None
+        self._inflight = None  # its tokens are dropped with its requests
         for r in self.slots:
             if r is not None:
                 r.text = r.text[: r.emitted]
