@@ -64,8 +64,29 @@ def kernel_ms(fn, reps: int) -> dict[str, float]:
     return out
 
 
-def profile_cell(levels: list[Level], batch: int, ctx: int, reps: int, smoke: bool) -> list[dict]:
-    """One record per level: kernel ms per step by family and by kernel."""
+def parse_overrides(text: str) -> list[dict[str, int]]:
+    """'attn_programs=264,attn_warps=4;attn_block_n=64' -> one dict of fused-layer launch overrides per ';' part
+    (``wide.kernels.fused_decode.rules.LaunchOverrides`` fields); a bad part is a one-line error."""
+    from wide.kernels.fused_decode.rules import LaunchOverrides
+
+    out = []
+    for part in (p.strip() for p in text.split(";") if p.strip()):
+        try:
+            ov = {k.strip(): int(v) for k, v in (kv.split("=") for kv in part.split(","))}
+            LaunchOverrides(**ov)
+        except (ValueError, TypeError) as e:
+            raise SystemExit(f"--attn-sweep: bad override set '{part}': {e}") from None
+        out.append(ov)
+    return out
+
+
+def profile_cell(
+    levels: list[Level], batch: int, ctx: int, reps: int, smoke: bool, overrides: list[dict[str, int]] | None = None
+) -> list[dict]:
+    """One record per level: kernel ms per step by family and by kernel; then one per level and launch override set
+    (``overrides``: the decode attention's programs, splits, tiles), kernel ms by family."""
+    from wide.kernels.fused_decode.rules import launch_overrides
+
     dev, dtype = ("cuda", torch.bfloat16) if torch.cuda.is_available() else ("cpu", torch.float32)
     shape = dict(LLAMA_8B, **(SMOKE_SHAPE if smoke else {}))
     model = build_model(shape, dev, dtype)
@@ -83,20 +104,26 @@ def profile_cell(levels: list[Level], batch: int, ctx: int, reps: int, smoke: bo
             rt.cache.lens.fill_(ctx)
             rt.decode(ids)
 
-        per_kernel = kernel_ms(step, reps)
-        fams: dict[str, float] = {}
-        for name, ms in per_kernel.items():
-            fams[family(name)] = fams.get(family(name), 0.0) + ms
-        rows.append({"level": lv.name, "attn_rate": lv.attn, "ffn_rate": lv.ffn, "B": batch, "ctx": ctx,
-                     "kernel_ms": sum(per_kernel.values()), "families": fams, "kernels": per_kernel})  # fmt: skip
+        for ov in [{}, *(overrides or [])]:
+            with launch_overrides(**ov):
+                per_kernel = kernel_ms(step, reps)
+            fams: dict[str, float] = {}
+            for name, ms in per_kernel.items():
+                fams[family(name)] = fams.get(family(name), 0.0) + ms
+            rows.append({"level": lv.name, "attn_rate": lv.attn, "ffn_rate": lv.ffn, "B": batch, "ctx": ctx,
+                         "overrides": ov, "kernel_ms": sum(per_kernel.values()), "families": fams,
+                         "kernels": per_kernel})  # fmt: skip
         del rt, step
         if dev == "cuda":
             torch.cuda.empty_cache()
     return rows
 
 
-def render(rows: list[dict], meta: dict) -> str:
-    """Markdown: per family, ms per step for each level and its ratio to dense; then the top kernels of each."""
+def render(all_rows: list[dict], meta: dict) -> str:
+    """Markdown: per family, ms per step for each level and its ratio to dense; then the top kernels of each; then
+    the attention family and the total under each launch override set."""
+    rows = [r for r in all_rows if not r.get("overrides")]
+    swept = [r for r in all_rows if r.get("overrides")]
     dense = next((r for r in rows if r["attn_rate"] is None), rows[0])
     fams = sorted({f for r in rows for f in r["families"]}, key=lambda f: -dense["families"].get(f, 0.0))
     head = "| family | " + " | ".join(f"{r['level']} ms" for r in rows) + " | " + " | ".join(
@@ -122,6 +149,12 @@ def render(rows: list[dict], meta: dict) -> str:
         lines += ["", f"Top kernels, {r['level']}:", "", "| kernel | family | ms per step |", "|---|---|---|"]
         for name, ms in sorted(r["kernels"].items(), key=lambda kv: -kv[1])[:12]:
             lines.append(f"| `{name[:90]}` | {family(name)} | {ms:.4f} |")
+    if swept:
+        lines += ["", "Launch overrides (attention family and total kernel ms per step; the rules' row first):", "",
+                  "| level | overrides | attention ms | total ms |", "|---|---|---|---|"]  # fmt: skip
+        for r in sorted(all_rows, key=lambda r: [x["level"] for x in rows].index(r["level"])):
+            ov = ", ".join(f"{k}={v}" for k, v in r.get("overrides", {}).items()) or "(rules)"
+            lines.append(f"| {r['level']} | {ov} | {r['families'].get('attention', 0.0):.3f} | {r['kernel_ms']:.3f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -133,12 +166,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sparsities", default="0.5", help="WIDE levels at one rate for both kinds (dense always)")
     ap.add_argument("--shipped", default=SHIPPED[0], help="checkpoints whose per-kind rates are levels")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument(
+        "--attn-sweep",
+        default="",
+        help="';'-separated launch override sets, e.g. "
+        "'attn_programs=264;attn_programs=528,attn_warps=4' (each level is profiled under each)",
+    )
     ap.add_argument("--smoke", action="store_true", help="tiny model (CPU check of the code path)")
     a = ap.parse_args(argv)
+    sweep = parse_overrides(a.attn_sweep)
     levels = [Level("dense")]
     levels += [Level(f"wide {float(s):.0%}", float(s), float(s)) for s in a.sparsities.split(",") if s]
     levels += [shipped_rates(n) for n in a.shipped.split(",") if n]
-    rows = profile_cell(levels, a.batch, a.ctx, a.reps, a.smoke)
+    rows = profile_cell(levels, a.batch, a.ctx, a.reps, a.smoke, sweep)
     card = card_tag()
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     cmd = "python -m bench.profile.profile_long_context " + shlex.join(sys.argv[1:] if argv is None else argv)

@@ -8,7 +8,8 @@
 #                    dependence                                              -> serve-chat-CARD.{json,md}
 #   STEP=tests       the GPU suite (pytest -m gpu), the long-context file alone first  -> gpu-tests-CARD.log
 #   STEP=profile     bench.profile.profile_long_context: the fused step kernel by kernel at B 16 / 16k (B, CTX),
-#                    dense, WIDE 50% and the shipped rates                    -> profile-long-context-CARD.{json,md}
+#                    dense, WIDE 50% and the shipped rates, and under each decode attention launch override set
+#                    of SWEEP (default ATTN_SWEEP)                            -> profile-long-context-CARD.{json,md}
 #                    then bench.kernels.sweep_prefill_attention: the routed prefill attention's launch
 #                    configurations at 4k/16k/32k prompts vs SDPA             -> prefill-sweep-CARD.{json,md}
 # BUDGET_S (default 420): no row starts after it; the step's own timeout is BUDGET_S + 150.
@@ -18,6 +19,8 @@ set -u
 export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1
 CARD=$(python3 -c "from wide.bench.timing import card_tag; print(card_tag())")
 BUDGET_S=${BUDGET_S:-420}
+# the decode attention's launch override sets the profile step also times (SWEEP replaces them; docs/long-context.md)
+ATTN_SWEEP="attn_programs=264;attn_programs=396;attn_programs=528;attn_warps=4;attn_block_n=64;attn_programs=528,attn_warps=4"
 git log -1 --format='%h %s' > "$OUT/commit.txt" 2>/dev/null || true
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/card.txt" 2>&1
 case "${STEP:?set STEP=grid|serve-long|serve-chat|tests|profile}" in
@@ -43,7 +46,7 @@ case "${STEP:?set STEP=grid|serve-long|serve-chat|tests|profile}" in
     echo "pytest exit $?" >> "$L" ;;
   profile)
     timeout $((BUDGET_S / 2 + 60)) python3 -m bench.profile.profile_long_context --out "$OUT" --batch "${B:-16}" \
-      --ctx "${CTX:-16384}" > "$OUT/profile.log" 2>&1
+      --ctx "${CTX:-16384}" --attn-sweep "${SWEEP:-$ATTN_SWEEP}" > "$OUT/profile.log" 2>&1
     echo "profile exit $?" >> "$OUT/profile.log"
     timeout $((BUDGET_S / 2 + 60)) python3 -m bench.kernels.sweep_prefill_attention --out "$OUT" \
       --budget-s $((BUDGET_S / 2 - 30)) > "$OUT/prefill-sweep.log" 2>&1 ;;
