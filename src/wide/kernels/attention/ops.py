@@ -38,7 +38,7 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from wide.kernels.attention.split_kv import split_kv_softmax
+    from wide.kernels.attention.split_kv import softmax_step, split_kv_softmax
 
 _HEAD_DIMS = (16, 32, 64, 128, 256)
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -59,19 +59,6 @@ DECODE_WAVES = 3  # decode programs per SM the split count aims for (default of 
 # Triton kernels
 # --------------------------------------------------------------------------------------------------
 if HAS_TRITON:
-
-    @triton.jit
-    def _softmax_step(q, k, v, acc, l_i, m_i, qk_scale, valid, MASKED: tl.constexpr, PREC: tl.constexpr):
-        """One online-softmax step (log2 domain). q [M,D], k/v [N,D], valid [M,N] if MASKED."""
-        qk = tl.dot(q, tl.trans(k), input_precision=PREC)  # [M,N] fp32, unscaled (qk_scale > 0)
-        if MASKED:
-            qk = tl.where(valid, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        p = tl.math.exp2(qk * qk_scale - m_new[:, None])  # one FMA per element
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-        return acc, l_i, m_new
 
     @triton.jit
     def _prefill_kernel(
@@ -128,14 +115,14 @@ if HAS_TRITON:
             kn = n0 + offs_n
             k = tl.load(k_base + kn[:, None] * s_kt)
             v = tl.load(v_base + kn[:, None] * s_vt)
-            acc, l_i, m_i = _softmax_step(q, k, v, acc, l_i, m_i, qk_scale, None, False, PREC)
+            acc, l_i, m_i = softmax_step(q, k, v, acc, l_i, m_i, qk_scale, None, False, PREC)
         for n0 in range(full_end, hi, BLOCK_N):  # boundary tiles: causal / length predicates
             kn = n0 + offs_n
             kin = (kn < Tk)[:, None]
             k = tl.load(k_base + kn[:, None] * s_kt, mask=kin, other=0.0)
             v = tl.load(v_base + kn[:, None] * s_vt, mask=kin, other=0.0)
             valid = kn[None, :] <= lim[:, None]
-            acc, l_i, m_i = _softmax_step(q, k, v, acc, l_i, m_i, qk_scale, valid, True, PREC)
+            acc, l_i, m_i = softmax_step(q, k, v, acc, l_i, m_i, qk_scale, valid, True, PREC)
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         out = tl.where(active[:, None], out, 0.0)
         tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=in_tile[:, None])
