@@ -19,17 +19,21 @@ from wide.kernels.attention import (
 )
 
 
-def _decode_case(b: int, hq: int, hk: int, d: int, s: int, lens: list[int], skip_rows: list[int], seed: int):
+def _decode_case(
+    b: int, hq: int, hk: int, d: int, s: int, lens: list[int], skip_rows: list[int], seed: int, device: str = "cpu"
+):
     """q [B, Hq, d], caches [B, S, Hk, d] with NaN past each length and in every skipped pair, lens [B], mask
-    [B, Hk] (random, the rows in skip_rows all False: those sequences skip attention this step)."""
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(b, hq, d, generator=g)
-    kc, vc = torch.randn(b, s, hk, d, generator=g), torch.randn(b, s, hk, d, generator=g)
-    lens_t = torch.tensor(lens, dtype=torch.int32)
-    mask = torch.rand(b, hk, generator=g) < 0.5
+    [B, Hk] (random, the rows in skip_rows all False: those sequences skip attention this step); drawn on
+    ``device`` (a GPU draws its gigabyte of cache in milliseconds)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(b, hq, d, generator=g, device=device)
+    kc = torch.randn(b, s, hk, d, generator=g, device=device)
+    vc = torch.randn(b, s, hk, d, generator=g, device=device)
+    lens_t = torch.tensor(lens, dtype=torch.int32, device=device)
+    mask = torch.rand(b, hk, generator=g, device=device) < 0.5
     mask[0, 0] = True  # at least one pair runs
     mask[skip_rows] = False
-    past = torch.arange(s)[None, :] >= lens_t[:, None]  # [B, S]
+    past = torch.arange(s, device=device)[None, :] >= lens_t[:, None]  # [B, S]
     for c in (kc, vc):
         c[past] = float("nan")
         c.permute(0, 2, 1, 3)[~mask] = float("nan")  # [B, Hk, S, d] view: the skipped pairs' whole cache
@@ -104,9 +108,8 @@ def test_gpu_fused_decode_attention_long_bf16(hq, hk, d, b, s, long_rule):
     """The fused decode attention in bf16 at 16k-32k keys, ragged lengths, two sequences skipped, under the
     long-context and the short split rule: within the bf16 rule."""
     lens = _ragged(b, s, seed=b)
-    q, kc, vc, lens_t, mask = _decode_case(b, hq, hk, d, s, lens, [1, b - 1], seed=hq + b)
-    q, kc, vc = (t.to("cuda", torch.bfloat16) for t in (q, kc, vc))
-    lens_t, mask = lens_t.cuda(), mask.cuda()
+    q, kc, vc, lens_t, mask = _decode_case(b, hq, hk, d, s, lens, [1, b - 1], seed=hq + b, device="cuda")
+    q, kc, vc = (t.to(torch.bfloat16) for t in (q, kc, vc))
     with FD.launch_overrides(long_context=long_rule):
         out = FD.attention_decode_merged(q, kc, vc, lens_t, mask)
     assert torch.isfinite(out).all()
@@ -118,9 +121,8 @@ def test_gpu_fused_decode_attention_long_bf16(hq, hk, d, b, s, long_rule):
 def test_gpu_unfused_decode_attention_long_bf16(hq, hk, d):
     """The unfused split-KV decode (``routed_attention_decode``) at 32k keys, ragged, one sequence skipped."""
     b, s = 4, 32768
-    q, kc, vc, lens_t, mask = _decode_case(b, hq, hk, d, s, _ragged(b, s, seed=5), [2], seed=hq)
-    q, kc, vc = (t.to("cuda", torch.bfloat16) for t in (q, kc, vc))
-    lens_t, mask = lens_t.cuda(), mask.cuda()
+    q, kc, vc, lens_t, mask = _decode_case(b, hq, hk, d, s, _ragged(b, s, seed=5), [2], seed=hq, device="cuda")
+    q, kc, vc = (t.to(torch.bfloat16) for t in (q, kc, vc))
     out = routed_attention_decode(q, kc, vc, lens_t, mask)
     assert torch.isfinite(out).all()
     assert_close_to_ref(out, *_refs(q, kc, vc, lens_t, mask))
@@ -135,11 +137,11 @@ def test_gpu_unfused_decode_attention_long_bf16(hq, hk, d):
 def test_gpu_routed_prefill_long_bf16(b, tq, tk, hq, hk, d):
     """The routed prefill in bf16 at 16k-32k keys, one sequence's first group skipped for every query (its K/V
     NaN): within the bf16 rule."""
-    g = torch.Generator().manual_seed(tq + hq)
-    q = torch.randn(b, tq, hq, d, generator=g).to("cuda", torch.bfloat16)
-    k = torch.randn(b, tk, hk, d, generator=g).to("cuda", torch.bfloat16)
-    v = torch.randn(b, tk, hk, d, generator=g).to("cuda", torch.bfloat16)
-    mask = (torch.rand(b, tq, hk, generator=g) < 0.5).cuda()
+    g = torch.Generator(device="cuda").manual_seed(tq + hq)
+    q = torch.randn(b, tq, hq, d, generator=g, device="cuda").to(torch.bfloat16)
+    k = torch.randn(b, tk, hk, d, generator=g, device="cuda").to(torch.bfloat16)
+    v = torch.randn(b, tk, hk, d, generator=g, device="cuda").to(torch.bfloat16)
+    mask = torch.rand(b, tq, hk, generator=g, device="cuda") < 0.5
     mask[b - 1, :, 0] = False
     k[b - 1, :, 0], v[b - 1, :, 0] = float("nan"), float("nan")
     out = routed_attention_prefill(q, k, v, mask)
@@ -155,10 +157,9 @@ def test_gpu_one_graph_serves_every_cache_length():
     """The fused attention captured once in a CUDA graph over a 32,784-key cache serves lengths from 1 to the
     whole cache, ragged within the batch, and new masks, on replay: within the bf16 rule each time."""
     b, hq, hk, d, s = 4, 32, 8, 128, 32784
-    q, kc, vc, lens_t, mask = _decode_case(b, hq, hk, d, s, [s, 1, 20000, 4096], [1], seed=3)
+    q, kc, vc, lens_t, mask = _decode_case(b, hq, hk, d, s, [s, 1, 20000, 4096], [1], seed=3, device="cuda")
     kc, vc = kc.nan_to_num(0.0), vc.nan_to_num(0.0)
-    q, kc, vc = (t.to("cuda", torch.bfloat16) for t in (q, kc, vc))
-    lens_t, mask = lens_t.cuda(), mask.cuda()
+    q, kc, vc = (t.to(torch.bfloat16) for t in (q, kc, vc))
     for _ in range(2):
         FD.attention_decode_merged(q, kc, vc, lens_t, mask)
     torch.cuda.synchronize()
