@@ -6,7 +6,8 @@
 #   STEP=serve-long  wide bench serve, the long workload (engine rows)         -> serve-long-CARD.{json,md}
 #   STEP=serve-chat  wide bench serve, the chat workload, the bare B 1 step, HF static-cache generate, batch
 #                    dependence                                              -> serve-chat-CARD.{json,md}
-#   STEP=tests       the GPU suite (pytest -m gpu), the long-context file alone first  -> gpu-tests-CARD.log
+#   STEP=tests       the GPU suite (tests/kernels, tests/runtime, the engine's GPU tests), the long-context
+#                    file alone first                                        -> gpu-tests-CARD.log
 #   STEP=profile     bench.profile.profile_long_context: the fused step kernel by kernel at B 16 / 16k (B, CTX),
 #                    dense, WIDE 50% and the shipped rates, and under each decode attention launch override set
 #                    of SWEEP (default ATTN_SWEEP)                            -> profile-long-context-CARD.{json,md}
@@ -34,15 +35,16 @@ case "${STEP:?set STEP=grid|serve-long|serve-chat|tests|profile}" in
     timeout $((BUDGET_S + 150)) python3 -m wide.cli bench serve --out "$OUT" --workloads chat \
       --budget-s "$BUDGET_S" > "$OUT/serve-chat.log" 2>&1 ;;
   tests)
-    # the GPU suite (`pytest -m gpu`): the long-context file alone first (its 16k-32k caches do not fit eight
-    # workers on one card), then the rest with xdist
+    # the GPU suite: tests/kernels and tests/runtime whole (on a GPU their kernel_device cases run on CUDA too) and
+    # the engine's GPU tests; the long-context file alone first (its 16k-32k caches do not fit eight workers)
     N=""; python3 -c "import xdist" 2>/dev/null && N="-n 8"
     L="$OUT/gpu-tests-$CARD.log"
-    WIDE_AUTOTUNE_MAX=1 timeout $((BUDGET_S / 3 + 50)) python3 -m pytest -q -m gpu -p no:cacheprovider \
+    WIDE_AUTOTUNE_MAX=1 timeout $((BUDGET_S / 3 + 50)) python3 -m pytest -q -p no:cacheprovider \
       tests/kernels/test_long_context.py > "$L" 2>&1
     echo "pytest exit $? (long context)" >> "$L"
-    WIDE_AUTOTUNE_MAX=1 timeout $((2 * BUDGET_S / 3 + 50)) python3 -m pytest -q -m gpu $N -p no:cacheprovider \
-      --ignore=tests/kernels/test_long_context.py tests >> "$L" 2>&1
+    WIDE_AUTOTUNE_MAX=1 timeout $((2 * BUDGET_S / 3 + 50)) python3 -m pytest -q $N -p no:cacheprovider \
+      --ignore=tests/kernels/test_long_context.py tests/kernels tests/runtime tests/serve/test_engine_gpu.py \
+      >> "$L" 2>&1
     echo "pytest exit $?" >> "$L" ;;
   profile)
     timeout $((BUDGET_S / 2 + 60)) python3 -m bench.profile.profile_long_context --out "$OUT" --batch "${B:-16}" \
