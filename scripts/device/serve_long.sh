@@ -3,6 +3,7 @@
 # limit, on one H100 or H200; records are named by the card that ran them (wide.bench.timing.card_tag).
 #   STEP=grid        bench.decode.long_context: B 1/4/16 x ctx 4k/16k/32k x fused dense / WIDE 0/50/70% / shipped
 #                    rates, both split rules from 16k, TTFT at 4k/16k/32k      -> long-context-CARD.{json,md}
+#                    (GRID_ARGS: more flags, e.g. '--batches 16 --contexts 16384,32768 --prompts "" --rules short')
 #   STEP=serve-long  wide bench serve, the long workload (engine rows)         -> serve-long-CARD.{json,md}
 #   STEP=serve-chat  wide bench serve, the chat workload, the bare B 1 step, HF static-cache generate, batch
 #                    dependence                                              -> serve-chat-CARD.{json,md}
@@ -27,7 +28,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > 
 case "${STEP:?set STEP=grid|serve-long|serve-chat|tests|profile}" in
   grid)
     timeout $((BUDGET_S + 150)) python3 -m bench.decode.long_context --out "$OUT" --budget-s "$BUDGET_S" \
-      > "$OUT/grid.log" 2>&1 ;;
+      ${GRID_ARGS:-} > "$OUT/grid.log" 2>&1 ;;
   serve-long)
     timeout $((BUDGET_S + 150)) python3 -m wide.cli bench serve --out "$OUT" --workloads long --parts engine \
       --budget-s "$BUDGET_S" > "$OUT/serve-long.log" 2>&1 ;;
