@@ -3,7 +3,7 @@
 # limit, on one H100 or H200; records are named by the card that ran them (wide.bench.timing.card_tag).
 #   STEP=grid        bench.decode.long_context: B 1/4/16 x ctx 4k/16k/32k x fused dense / WIDE 0/50/70% / shipped
 #                    rates, both split rules from 16k, TTFT at 4k/16k/32k      -> long-context-CARD.{json,md}
-#                    (GRID_ARGS: more flags, e.g. '--batches 16 --contexts 16384,32768 --prompts "" --rules short')
+#                    (GRID_ARGS: more flags, e.g. '--batches 16 --contexts 16384,32768 --prompts= --rules short')
 #   STEP=serve-long  wide bench serve, the long workload (engine rows)         -> serve-long-CARD.{json,md}
 #   STEP=serve-chat  wide bench serve, the chat workload, the bare B 1 step, HF static-cache generate, batch
 #                    dependence                                              -> serve-chat-CARD.{json,md}
