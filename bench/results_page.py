@@ -124,6 +124,12 @@ def _serve(path: Path) -> tuple[str, str, list[str]]:
     for r in (r for r in rec["records"] if r["kind"] == "hf"):
         lines.append(f"\nHugging Face `generate`, compiled static cache, concurrency 1: {r['output_tokens_per_s']:.1f} "
                      f"output tok/s; the engine's dense row is {r['engine_dense_over_hf']:.3f}× of it.")  # fmt: skip
+    for r in (r for r in rec["records"] if r["kind"] == "batch_dependence"):
+        mode = "batch-invariant mode" if r["batch_invariant"] else "default mode"
+        alone, together = r["alone_output_tokens_per_s"], r["together_output_tokens_per_s"]
+        lines.append(f"\nGreedy batch dependence, {r['variant']}, {mode}: {r['changed']} of {r['requests']} requests' "
+                     f"tokens change run together instead of alone; output tok/s alone {alone:.1f}, together "
+                     f"{together:.1f}.")  # fmt: skip
     return rec["meta"]["device"], rec["meta"]["command"], lines
 
 
@@ -220,9 +226,10 @@ SOURCES: tuple[Source, ...] = (
         "serve",
         "Serving: the engine under the chat workload (H100)",
         "serve/serve-chat-h100.json",
-        "a8c64ef",
-        "Prompts 128-4k, outputs 32-512. The wide50 rows ran first among the routed variants, before the engine had "
-        "its warm-up, and carry the kernels' first tuning (docs/serving.md#measured).",
+        "7650aff",
+        "Prompts 128-4k, outputs 32-512; each engine warmed up before timing (Engine.warmup) and overlapping its host "
+        "work with the next step; the bare step is the engine's own graphed B 1 step at the requests' median context "
+        "(docs/serving.md#measured).",
         _serve,
     ),
     Source(
@@ -367,9 +374,9 @@ def render() -> str:
         "[negative-results.md](negative-results.md). Commands are as the records wrote them (``scripts/<name>.py`` "
         "of older records is ``python -m bench.<area>.<name>`` now).",
         "",
-        "Not on this page yet, because no GPU has run them: the B × context decode grid and TTFT at long prompts "
-        "([long-context.md](long-context.md), `STEP=grid bash scripts/device/serve_long.sh`) and the serving "
-        "benchmark ([serving.md](serving.md#benchmark), `STEP=serve-long` / `serve-chat`).",
+        "Not on this page yet, because no GPU has run them: the decode grid at B 16 × 32k (an H200's memory; "
+        "[long-context.md](long-context.md)), the long-context step kernel by kernel and the routed prefill "
+        "attention's launch sweep (`STEP=profile bash scripts/device/serve_long.sh`).",
         "",
     ]
     for s in SOURCES:
