@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.decode import summarize_long_context as SL
 from bench.kernels import summarize_kernels as SK
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,10 +88,9 @@ def _zero_shot(path: Path) -> tuple[str, str, list[str]]:
 
 def _long_context(path: Path) -> tuple[str, str, list[str]]:
     """A ``bench.decode.long_context`` record: the decode grid under the library's split rule, then TTFT."""
-    from bench.decode import summarize_long_context as SL
 
     rows = json.loads(path.read_text())
-    default = [r for r in rows if r.get("kind") != "tpot" or r.get("default_rule", True)]
+    default = [r for r in rows if r.get("kind") != "tpot" or SL.is_default(r)]
     cmds = " ; ".join(dict.fromkeys(r["command"] for r in rows if r.get("command")))
     lines = SL.tpot_table(default) + ["", "TTFT, B 1:", ""] + SL.ttft_table(rows)
     return rows[0]["gpu"], cmds, lines
@@ -296,13 +296,14 @@ def headline_rows() -> list[str]:
     for lv, ctx in (("wide 50%", 16384), ("shipped smollm2-135m-s50", 16384), ("wide 50%", 32768)):
         b = 16 if ctx == 16384 else 4
         d, w = (next(r for r in lrows if r.get("kind") == "tpot" and r["B"] == b and r["ctx"] == ctx
-                     and r["level"] == name and r.get("default_rule") and "error" not in r)
+                     and r["level"] == name and SL.is_default(r) and "error" not in r)
                 for name in ("dense", lv))  # fmt: skip
         rows.append(
             f"| Decode TPOT, B {b}, context {ctx // 1024}k, {lv}, fused layer | {w['gpu']} | {d['tpot_ms']:.2f} ms | "
             f"{w['tpot_ms']:.2f} ms ({w['tpot_speedup']:.2f}×, byte limit {w['byte_limit']:.2f}×) | {_link(lc)} |"
         )
-    d, w = (next(r for r in lrows if r.get("kind") == "ttft" and r["prompt"] == 32768 and r["level"] == name)
+    d, w = (next(r for r in lrows if r.get("kind") == "ttft" and r["prompt"] == 32768 and r["level"] == name
+                 and r.get("default_layout", True))
             for name in ("dense", "wide 50%"))  # fmt: skip
     rows.append(
         f"| TTFT, 32,768-token prompt, B 1, 50% | {w['gpu']} | {d['ttft_ms']:.0f} ms | {w['ttft_ms']:.0f} ms "

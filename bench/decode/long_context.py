@@ -45,12 +45,14 @@ from wide.config import WideConfig
 from wide.kernels import fused_decode as FD
 from wide.model import WideModel
 from wide.runtime import GraphedDecode, WideRuntime
+from wide.runtime.model import KV_LAYOUTS
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKPOINTS = ROOT / "src" / "wide" / "checkpoints"
 SHIPPED = ("smollm2-135m-s50", "smollm2-135m-s50-lora")
 # the split rules a long-context row is timed under (fused_decode.launch_overrides)
 RULES = {"long": {"long_context": 1}, "short": {"long_context": 0}}
+DEFAULT_LAYOUT = "nhd"  # the cache layout WideRuntime allocates by default (its kv_layout)
 MARGIN_BYTES = 3 << 30  # free memory kept beside a runtime's cache (graph pools, partials, activations)
 SMOKE_SHAPE = dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, intermediate_size=256,
                    vocab_size=101, num_hidden_layers=2, max_position_embeddings=1024)  # fmt: skip
@@ -84,6 +86,7 @@ class GridConfig:
     budget_s: float
     smoke: bool
     rules: list[str] = field(default_factory=lambda: list(RULES))
+    layouts: list[str] = field(default_factory=lambda: ["nhd"])  # cache layouts every cell is timed under
 
 
 def shipped_rates(name: str) -> Level:
@@ -126,21 +129,25 @@ def rules_for(ctx: int, wanted: list[str]) -> list[str]:
     return [r for r in wanted if r in RULES] if ctx + 16 >= FD.LONG_CONTEXT else ["short"]
 
 
-def filled_runtime(wm: WideModel, batch: int, ctx: int, routed: bool, dev: str) -> WideRuntime:
-    """A fused-decode runtime whose cache holds ``ctx`` random keys per sequence (a decode step reads the cache
-    whatever wrote it, so no long prefill is needed), room for 16 more."""
-    rt = WideRuntime(wm, max_batch=batch, max_seq=ctx + 16, routed=routed, fused_decode=True)
+def filled_runtime(wm: WideModel, batch: int, ctx: int, routed: bool, dev: str, layout: str = "nhd") -> WideRuntime:
+    """A fused-decode runtime whose cache (``layout``: ``KV_LAYOUTS``) holds ``ctx`` random keys per sequence (a
+    decode step reads the cache whatever wrote it, so no long prefill is needed), room for 16 more."""
+    rt = WideRuntime(wm, max_batch=batch, max_seq=ctx + 16, routed=routed, fused_decode=True, kv_layout=layout)
     gen = torch.Generator(device=dev).manual_seed(ctx * 31 + batch)
-    for c in (rt.cache.k, rt.cache.v):  # [L, B, S, Hk, d]: any values serve a time
-        c.normal_(generator=gen)
+    for c in (rt.cache.k, rt.cache.v):  # [L, B, S, Hk, d]: any values serve a time; drawn in the logical order, one
+        for row in c.flatten(0, 1):  # (layer, sequence) at a time, so that every layout holds the same values
+            row.copy_(torch.randn(row.shape, generator=gen, device=dev, dtype=row.dtype))
     rt.cache.lens.fill_(ctx)
     return rt
 
 
-def decode_rows(wm: WideModel, level: Level, batch: int, ctx: int, cfg: GridConfig, dev: str) -> list[dict]:
-    """One record per rule: TPOT of a CUDA-graph decode step at ``ctx`` random cached keys, bytes, fractions."""
+def decode_rows(
+    wm: WideModel, level: Level, batch: int, ctx: int, cfg: GridConfig, dev: str, layout: str = "nhd"
+) -> list[dict]:
+    """One record per rule: TPOT of a CUDA-graph decode step at ``ctx`` random cached keys in a ``layout`` cache,
+    bytes, fractions."""
     routed = level.attn is not None
-    rt = filled_runtime(wm, batch, ctx, routed, dev)
+    rt = filled_runtime(wm, batch, ctx, routed, dev, layout)
     lens = rt.cache.lens.clone()
     # the same tokens for every variant of a (B, ctx): rows with the same routers take the same decisions
     ids = torch.randint(0, wm.dims.vocab, (batch, 1), generator=torch.Generator().manual_seed(batch)).to(dev)
@@ -158,7 +165,8 @@ def decode_rows(wm: WideModel, level: Level, batch: int, ctx: int, cfg: GridConf
             tpot = median_ms(decode, cfg.reps, dev)
             launch = {"attn_split_cap": FD.attn_split_cap(ctx + 16), "attn_programs": FD.attn_programs(ctx + 16, sms)}
         default = rule == ("long" if FD.long_context(ctx + 16) else "short")  # the rule the library takes
-        out.append({"rule": rule, "default_rule": default, "tpot_ms": tpot, **launch})
+        out.append({"rule": rule, "default_rule": default, "tpot_ms": tpot, **launch,
+                    "kv_layout": layout, "default_layout": layout == DEFAULT_LAYOUT})  # fmt: skip
     rt.cache.lens.copy_(lens)
     rt.decode(ids)  # eager: the step's masks (the graph's are the same decisions)
     masks = [(a.clone(), f.clone()) for a, f in rt.fused_masks] if routed else None
@@ -182,9 +190,11 @@ def decode_rows(wm: WideModel, level: Level, batch: int, ctx: int, cfg: GridConf
     return out
 
 
-def attention_ms(level: Level, shape: dict, prompt: int, dev: str, dtype: torch.dtype, reps: int) -> float:
+def attention_ms(
+    level: Level, shape: dict, prompt: int, dev: str, dtype: torch.dtype, reps: int, layout: str = "nhd"
+) -> float:
     """One layer's prefill attention on the prompt's shapes: SDPA (dense, as the runtime calls it) or the
-    routed kernel under an i.i.d. mask at the level's attention rate."""
+    routed kernel under an i.i.d. mask at the level's attention rate, K / V in the cache's ``layout``."""
     from wide.kernels import routed_attention_prefill
 
     hq, hk = shape["num_attention_heads"], shape["num_key_value_heads"]
@@ -193,6 +203,8 @@ def attention_ms(level: Level, shape: dict, prompt: int, dev: str, dtype: torch.
     q = torch.randn(1, prompt, hq, hd, device=dev, dtype=dtype, generator=g)  # [B, T, Hq, d]
     k = torch.randn(1, prompt, hk, hd, device=dev, dtype=dtype, generator=g)  # [B, T, Hk, d]
     v = torch.randn_like(k)
+    if layout == "hnd":  # the same [B, T, Hk, d] tensors over head-major storage, as the runtime's cache holds them
+        k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (k, v))
     if level.attn is None:
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
 
@@ -208,7 +220,9 @@ def attention_ms(level: Level, shape: dict, prompt: int, dev: str, dtype: torch.
     return median_ms(fn, reps, dev)
 
 
-def ttft_row(wm: WideModel, level: Level, prompt: int, cfg: GridConfig, probe: torch.Tensor, dev: str) -> dict:
+def ttft_row(
+    wm: WideModel, level: Level, prompt: int, cfg: GridConfig, probe: torch.Tensor, dev: str, layout: str = "nhd"
+) -> dict:
     """TTFT of a B 1 prefill of ``prompt`` tokens (issued from Python, as ``wide bench e2e``), and attention's
     share of it."""
     routed = level.attn is not None
@@ -219,7 +233,7 @@ def ttft_row(wm: WideModel, level: Level, prompt: int, cfg: GridConfig, probe: t
             wm(probe)
         per_layer = wm.stop_meter()["per_layer"]
         hints = dict(attn_sparsity_hint=per_layer["attn"], ffn_sparsity_hint=per_layer["ffn"])
-    rt = WideRuntime(wm, max_batch=1, max_seq=prompt + 8, routed=routed, fused_decode=False, **hints)
+    rt = WideRuntime(wm, max_batch=1, max_seq=prompt + 8, routed=routed, fused_decode=False, kv_layout=layout, **hints)
     ids = torch.randint(0, wm.dims.vocab, (1, prompt), generator=torch.Generator().manual_seed(prompt)).to(dev)
 
     def prefill():
@@ -230,9 +244,10 @@ def ttft_row(wm: WideModel, level: Level, prompt: int, cfg: GridConfig, probe: t
     prefill()
     ttft = median_ms(prefill, cfg.ttft_reps, dev)
     shape = wm.model.config.to_dict()
-    attn = attention_ms(level, shape, prompt, dev, next(wm.model.parameters()).dtype, cfg.ttft_reps)
+    attn = attention_ms(level, shape, prompt, dev, next(wm.model.parameters()).dtype, cfg.ttft_reps, layout)
     layers = wm.dims.n_layers
-    return {"ttft_ms": ttft, "attention_ms_per_layer": attn, "attention_share": layers * attn / ttft}
+    return {"ttft_ms": ttft, "attention_ms_per_layer": attn, "attention_share": layers * attn / ttft,
+            "kv_layout": layout, "default_layout": layout == DEFAULT_LAYOUT}  # fmt: skip
 
 
 def _env() -> dict:
@@ -296,32 +311,37 @@ def run_grid(cfg: GridConfig, out: Path, command: str) -> list[dict]:
                 continue
             states[lv.name] = {k: v.clone() for k, v in wm.routers.state_dict().items()}
     elem = torch.tensor([], dtype=dtype).element_size()
-    for ctx in cfg.contexts:
-        for b in cfg.batches:
-            dense: dict[str, float] = {}  # rule -> the dense row's TPOT
-            for lv in cfg.levels:
-                rec = {"kind": "tpot", "variant": "dense" if lv.attn is None else "wide", "level": lv.name,
-                       "B": b, "ctx": ctx, "sparsity": lv.sparsity, "attn_rate": lv.attn, "ffn_rate": lv.ffn,
-                       "rates_from": lv.source}  # fmt: skip
-                why = fits(cache_bytes(shape, b, ctx + 16, elem))
-                if why is not None:
-                    emit({**rec, "error": f"skipped: {why}"})
-                    continue
-                if lv.attn is not None:
-                    wm.routers.load_state_dict(states[lv.name])
-                for r in attempt(rec, lambda lv=lv, b=b, ctx=ctx: decode_rows(wm, lv, b, ctx, cfg, dev)):
-                    if lv.attn is None:
-                        dense[r["rule"]] = r["tpot_ms"]
-                    ref, short = dense.get(r["rule"]), dense.get("short")
-                    if ref:
-                        r["tpot_speedup"] = ref / r["tpot_ms"]
-                        r["share_of_limit"] = r["tpot_speedup"] / r["byte_limit"]
-                    if short:
-                        r["tpot_speedup_vs_short_dense"] = short / r["tpot_ms"]
-                (out / f"long-context-{card}.json").write_text(json.dumps(rows, indent=1))
+    base: dict[tuple[int, int], float] = {}  # (ctx, B) -> the dense row's TPOT under the library's defaults
+    for ctx, b, layout in ((c, b, lay) for c in cfg.contexts for b in cfg.batches for lay in cfg.layouts):
+        dense: dict[str, float] = {}  # rule -> the dense row's TPOT in this layout
+        for lv in cfg.levels:
+            rec = {"kind": "tpot", "variant": "dense" if lv.attn is None else "wide", "level": lv.name,
+                   "B": b, "ctx": ctx, "sparsity": lv.sparsity, "attn_rate": lv.attn, "ffn_rate": lv.ffn,
+                   "rates_from": lv.source}  # fmt: skip
+            why = fits(cache_bytes(shape, b, ctx + 16, elem))
+            if why is not None:
+                emit({**rec, "error": f"skipped: {why}"})
+                continue
+            if lv.attn is not None:
+                wm.routers.load_state_dict(states[lv.name])
+            cell = lambda lv=lv, b=b, ctx=ctx, lay=layout: decode_rows(wm, lv, b, ctx, cfg, dev, lay)  # noqa: E731
+            for r in attempt(rec, cell):
+                if lv.attn is None:
+                    dense[r["rule"]] = r["tpot_ms"]
+                    if r["default_rule"] and r["default_layout"]:
+                        base[(ctx, b)] = r["tpot_ms"]
+                ref, short = dense.get(r["rule"]), dense.get("short")
+                if ref:
+                    r["tpot_speedup"] = ref / r["tpot_ms"]
+                    r["share_of_limit"] = r["tpot_speedup"] / r["byte_limit"]
+                if short:
+                    r["tpot_speedup_vs_short_dense"] = short / r["tpot_ms"]
+                if (ctx, b) in base:  # what a change of rule or layout gains against today's dense step
+                    r["tpot_speedup_vs_default_dense"] = base[(ctx, b)] / r["tpot_ms"]
+            (out / f"long-context-{card}.json").write_text(json.dumps(rows, indent=1))
     by_name = {lv.name: lv for lv in cfg.levels}
     ttft_levels = [by_name["dense"]] + [by_name[n] for n in cfg.ttft_levels if n in by_name]
-    for prompt in cfg.prompts:
+    for prompt, layout in ((p, lay) for p in cfg.prompts for lay in cfg.layouts):
         dense_ttft = None
         for lv in ttft_levels:
             rec = {"kind": "ttft", "variant": "dense" if lv.attn is None else "wide", "level": lv.name, "B": 1,
@@ -333,7 +353,7 @@ def run_grid(cfg: GridConfig, out: Path, command: str) -> list[dict]:
                 continue
             if lv.attn is not None:
                 wm.routers.load_state_dict(states[lv.name])
-            for r in attempt(rec, lambda lv=lv, p=prompt: [ttft_row(wm, lv, p, cfg, probe, dev)]):
+            for r in attempt(rec, lambda lv=lv, p=prompt, lay=layout: [ttft_row(wm, lv, p, cfg, probe, dev, lay)]):
                 if lv.attn is None:
                     dense_ttft = r["ttft_ms"]
                 elif dense_ttft:
@@ -357,6 +377,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[GridConfig, Path]:
     ap.add_argument("--shipped", default=",".join(SHIPPED), help="checkpoints whose per-kind rates are levels")
     ap.add_argument("--ttft-levels", default="wide 50%", help="levels with TTFT rows besides dense ('/'-separated)")
     ap.add_argument("--rules", default="long,short", help="split rules timed from LONG_CONTEXT keys")
+    ap.add_argument("--kv-layouts", default=DEFAULT_LAYOUT, help=f"cache layouts each cell is timed in {KV_LAYOUTS}")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--ttft-reps", type=int, default=3)
     ap.add_argument("--budget-s", type=float, default=480.0, help="no row starts past this many seconds")
@@ -377,7 +398,11 @@ def parse_config(argv: list[str] | None = None) -> tuple[GridConfig, Path]:
         budget_s=a.budget_s,
         smoke=smoke,
         rules=[r for r in a.rules.split(",") if r],
+        layouts=[x for x in a.kv_layouts.split(",") if x],
     )
+    bad = [x for x in cfg.layouts if x not in KV_LAYOUTS]
+    if bad or not cfg.layouts:
+        raise SystemExit(f"--kv-layouts: {bad or 'none'}; known: {list(KV_LAYOUTS)}")
     unknown = [r for r in cfg.rules if r not in RULES]
     if unknown:
         raise SystemExit(f"unknown split rule(s) {unknown}; known: {list(RULES)}")

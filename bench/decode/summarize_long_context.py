@@ -26,6 +26,12 @@ def _gb(v) -> str:
     return "–" if v is None else f"{v / 1e9:.2f}"
 
 
+def is_default(r: dict) -> bool:
+    """Whether a row ran what the library runs by default: its split rule and its cache layout (rows of records
+    from before the layout was a choice ran the default one)."""
+    return r.get("default_rule", True) and r.get("default_layout", True)
+
+
 def tpot_table(rows: list[dict]) -> list[str]:
     lines = [
         "| B | context | variant | split rule | TPOT ms | × fused dense | byte limit | share of limit | TB/s "
@@ -33,8 +39,9 @@ def tpot_table(rows: list[dict]) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     tpot = [r for r in rows if r.get("kind") == "tpot" and "error" not in r]
-    for r in sorted(tpot, key=lambda r: (r["B"], r["ctx"], not r.get("default_rule", True))):
-        rule = r["rule"] + ("" if r.get("default_rule", True) else " (not default)")
+    for r in sorted(tpot, key=lambda r: (r["B"], r["ctx"], not is_default(r))):
+        rule = r["rule"] + ("" if r.get("default_layout", True) else f", {r['kv_layout']} cache")
+        rule += "" if is_default(r) else " (not default)"
         pairs = r.get("measured_attn_token_run")
         union = (r.get("measured_attn_union_run"), r.get("measured_ffn_union_run"))
         lines.append(
@@ -53,8 +60,9 @@ def ttft_table(rows: list[dict]) -> list[str]:
         "|---|---|---|---|---|---|",
     ]
     for r in sorted((r for r in rows if r.get("kind") == "ttft" and "error" not in r), key=lambda r: r["prompt"]):
+        level = r["level"] + ("" if r.get("default_layout", True) else f", {r['kv_layout']} cache")
         lines.append(
-            f"| {r['prompt']} | {r['level']} | {r['ttft_ms']:.1f} | {_f(r.get('ttft_speedup'), '.3f')} "
+            f"| {r['prompt']} | {level} | {r['ttft_ms']:.1f} | {_f(r.get('ttft_speedup'), '.3f')} "
             f"| {r['attention_ms_per_layer']:.3f} | {r['attention_share']:.1%} |"
         )
     return lines
@@ -97,7 +105,7 @@ def plot(rows: list[dict], path: Path) -> bool:
     """Speed-up vs context per B (default split rule), each level's byte limit dashed; False: nothing to plot."""
     pts: dict[tuple[int, str], list[tuple[int, float, float]]] = {}
     for r in rows:
-        if r.get("kind") == "tpot" and r.get("variant") == "wide" and r.get("tpot_speedup") and r.get("default_rule"):
+        if r.get("kind") == "tpot" and r.get("variant") == "wide" and r.get("tpot_speedup") and is_default(r):
             pts.setdefault((r["B"], r["level"]), []).append((r["ctx"], r["tpot_speedup"], r["byte_limit"]))
     if not pts:
         return False

@@ -26,6 +26,7 @@ from wide.bench.e2e import build_model, routers_at
 from wide.bench.timing import card_tag, tree_commit
 from wide.config import WideConfig
 from wide.model import WideModel
+from wide.runtime.model import KV_LAYOUTS
 
 # kernel name fragments -> family (first match wins; the fused layer's kernels are named after their work)
 FAMILIES = (
@@ -81,7 +82,13 @@ def parse_overrides(text: str) -> list[dict[str, int]]:
 
 
 def profile_cell(
-    levels: list[Level], batch: int, ctx: int, reps: int, smoke: bool, overrides: list[dict[str, int]] | None = None
+    levels: list[Level],
+    batch: int,
+    ctx: int,
+    reps: int,
+    smoke: bool,
+    overrides: list[dict[str, int]] | None = None,
+    layout: str = "nhd",
 ) -> list[dict]:
     """One record per level: kernel ms per step by family and by kernel; then one per level and launch override set
     (``overrides``: the decode attention's programs, splits, tiles), kernel ms by family."""
@@ -98,7 +105,7 @@ def profile_cell(
         routed = lv.attn is not None
         if routed:
             routers_at(wm, (lv.attn, lv.ffn), probe)
-        rt = filled_runtime(wm, batch, ctx, routed, dev)
+        rt = filled_runtime(wm, batch, ctx, routed, dev, layout)
 
         def step(rt=rt):
             rt.cache.lens.fill_(ctx)
@@ -111,7 +118,7 @@ def profile_cell(
             for name, ms in per_kernel.items():
                 fams[family(name)] = fams.get(family(name), 0.0) + ms
             rows.append({"level": lv.name, "attn_rate": lv.attn, "ffn_rate": lv.ffn, "B": batch, "ctx": ctx,
-                         "overrides": ov, "kernel_ms": sum(per_kernel.values()), "families": fams,
+                         "kv_layout": layout, "overrides": ov, "kernel_ms": sum(per_kernel.values()), "families": fams,
                          "kernels": per_kernel})  # fmt: skip
         del rt, step
         if dev == "cuda":
@@ -133,8 +140,8 @@ def render(all_rows: list[dict], meta: dict) -> str:
         "",
         f"Command: `{meta['command']}`",
         "",
-        f"B {dense['B']}, {dense['ctx']} cached keys, fused decode layer, eager steps, kernel time per step "
-        "(torch.profiler; on the CPU the wide:: ops' CPU time).",
+        f"B {dense['B']}, {dense['ctx']} cached keys ({dense.get('kv_layout', 'nhd')} cache), fused decode layer, "
+        "eager steps, kernel time per step (torch.profiler; on the CPU the wide:: ops' CPU time).",
         "",
         head,
         "|---|" + "---|" * (2 * len(rows) - 1),
@@ -172,13 +179,14 @@ def main(argv: list[str] | None = None) -> None:
         help="';'-separated launch override sets, e.g. "
         "'attn_programs=264;attn_programs=528,attn_warps=4' (each level is profiled under each)",
     )
+    ap.add_argument("--kv-layout", default="nhd", choices=KV_LAYOUTS, help="the cache's memory layout")
     ap.add_argument("--smoke", action="store_true", help="tiny model (CPU check of the code path)")
     a = ap.parse_args(argv)
     sweep = parse_overrides(a.attn_sweep)
     levels = [Level("dense")]
     levels += [Level(f"wide {float(s):.0%}", float(s), float(s)) for s in a.sparsities.split(",") if s]
     levels += [shipped_rates(n) for n in a.shipped.split(",") if n]
-    rows = profile_cell(levels, a.batch, a.ctx, a.reps, a.smoke, sweep)
+    rows = profile_cell(levels, a.batch, a.ctx, a.reps, a.smoke, sweep, a.kv_layout)
     card = card_tag()
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     cmd = "python -m bench.profile.profile_long_context " + shlex.join(sys.argv[1:] if argv is None else argv)

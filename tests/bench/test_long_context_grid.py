@@ -115,3 +115,31 @@ def test_rules_timed_from_long_context():
 def test_unknown_rule_is_a_one_line_error():
     with pytest.raises(SystemExit, match="unknown split rule"):
         LC.parse_config(["--rules", "fast"])
+
+
+def test_cells_timed_in_both_cache_layouts(tmp_path):
+    """--kv-layouts nhd,hnd: every cell's rows in both layouts, each ratio against its own layout's dense row and
+    against the library's default (nhd) dense row; the summary marks the head-major rows as not default."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
+    cmd = [sys.executable, "-m", "bench.decode.long_context", "--smoke", "--out", str(tmp_path), "--batches", "2",
+           "--contexts", "40", "--prompts", "24", "--sparsities", "0.5", "--shipped", "", "--kv-layouts", "nhd,hnd",
+           "--budget-s", "3600"]  # fmt: skip
+    run = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    rows = json.loads((tmp_path / "long-context-cpu.json").read_text())
+    tpot = {(r["kv_layout"], r["level"]): r for r in rows if r["kind"] == "tpot"}
+    assert set(tpot) == {(lay, lv) for lay in ("nhd", "hnd") for lv in ("dense", "wide 50%")}
+    assert [r["default_layout"] for r in tpot.values()] == [True, True, False, False]
+    hnd = tpot[("hnd", "wide 50%")]
+    assert hnd["tpot_speedup"] == pytest.approx(tpot[("hnd", "dense")]["tpot_ms"] / hnd["tpot_ms"])
+    assert hnd["tpot_speedup_vs_default_dense"] == pytest.approx(tpot[("nhd", "dense")]["tpot_ms"] / hnd["tpot_ms"])
+    assert hnd["byte_limit"] == pytest.approx(tpot[("nhd", "wide 50%")]["byte_limit"])  # same bytes either way
+    assert {(r["kv_layout"], r["level"]) for r in rows if r["kind"] == "ttft"} == set(tpot)
+    md = (tmp_path / "long-context-cpu.md").read_text()
+    assert md.count("short, hnd cache (not default)") == 2 and "wide 50%, hnd cache" in md
+
+
+def test_unknown_layout_is_a_one_line_error():
+    with pytest.raises(SystemExit, match="--kv-layouts"):
+        LC.parse_config(["--kv-layouts", "bhsd"])

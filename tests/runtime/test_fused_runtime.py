@@ -107,6 +107,34 @@ def test_fused_decode_logits_match_unfused(routed):
     assert a.cache.lens.tolist() == b.cache.lens.tolist() == [6, 6]
 
 
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("routed", [True, False])
+def test_head_major_cache_serves_what_the_token_major_one_does(routed, fused):
+    """kv_layout "hnd" (docs/long-context.md#cache-layout): the same [L, B, S, Hk, d] tensors over head-major
+    storage; prefill and decode steps (ragged lengths through slots) give the logits and cache contents of "nhd"."""
+    _, wm = _routed("llama", seed=4)
+    rts = {lay: WideRuntime(wm, max_batch=2, max_seq=16, routed=routed, fused_decode=fused, kv_layout=lay)
+           for lay in ("nhd", "hnd")}  # fmt: skip
+    s, hk, d = rts["hnd"].cache.k.shape[2:]
+    assert rts["hnd"].cache.k[0].stride() == (hk * s * d, d, s * d, 1) and rts["hnd"].cache.layout == "hnd"
+    assert rts["nhd"].cache.k.is_contiguous()
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 101, (1, n), generator=g) for n in (5, 9)]
+    logits = {}
+    for lay, rt in rts.items():
+        out = [rt.prefill(p, slot=i) for i, p in enumerate(prompts)]
+        for _ in range(3):
+            out.append(rt.decode(torch.randint(0, 101, (2, 1), generator=torch.Generator().manual_seed(len(out)))))
+        logits[lay] = out
+    for a, b in zip(logits["nhd"], logits["hnd"], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    for name in ("k", "v"):
+        torch.testing.assert_close(getattr(rts["nhd"].cache, name), getattr(rts["hnd"].cache, name))
+    assert rts["nhd"].cache.lens.tolist() == rts["hnd"].cache.lens.tolist() == [8, 12]
+    with pytest.raises(ValueError, match="kv_layout must be one of"):
+        WideRuntime(wm, max_batch=1, max_seq=8, kv_layout="bhsd")
+
+
 def test_fused_decode_serves_the_routers_out_bias():
     """Static width's bias compensation (a router's out_bias after O and down) reaches both decode paths."""
     _, wm = _routed("llama", seed=3)
@@ -173,6 +201,18 @@ def test_fused_cuda_graph_decode_equals_unfused_on_gpu(routed):
     assert torch.equal(fused, unfused)
     if routed:
         assert torch.equal(fused, _masked_greedy(wm, ids, 8))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("routed", [True, False])
+def test_head_major_cache_in_a_cuda_graph_gives_the_same_tokens(routed):
+    _, wm = _routed("llama", seed=6)
+    wm = wm.cuda()
+    ids = torch.randint(0, 101, (2, 6), device="cuda")
+    toks = [generate(WideRuntime(wm, max_batch=2, max_seq=32, routed=routed, kv_layout=lay), ids, 8)
+            for lay in ("nhd", "hnd")]  # fmt: skip
+    assert torch.equal(toks[0], toks[1])
 
 
 @pytest.mark.gpu

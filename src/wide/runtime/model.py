@@ -43,20 +43,37 @@ from wide.model.wide_model import WideModel, decoder_layers
 from wide.runtime.layer import LayerWeights, Masks, StepConfig, layer_step
 from wide.target import planned_rates
 
+# How the cache is laid out in memory (docs/long-context.md#cache-layout). Every reader and writer sees the same
+# [L, B, S, Hk, d] tensors and takes their strides, so the layout is the allocation alone:
+#   "nhd": token-major, storage [L, B, S, Hk, d]: a token's K of every group side by side;
+#   "hnd": head-major, storage [L, B, Hk, S, d]: one (sequence, group) pair's keys contiguous, so a decode step that
+#          skips a pair skips one contiguous block instead of a d-wide strip of every token's row.
+KV_LAYOUTS = ("nhd", "hnd")
+
 
 @dataclass
 class StaticCache:
-    """k, v: [L, B, S, Hk, d]; lens: [B] int32 — tokens already in the cache per sequence."""
+    """k, v: [L, B, S, Hk, d] (views of the storage ``layout`` names); lens: [B] int32 — tokens already in the
+    cache per sequence."""
 
     k: torch.Tensor
     v: torch.Tensor
     lens: torch.Tensor
+    layout: str = "nhd"
 
     @classmethod
-    def empty(cls, n_layers: int, batch: int, max_seq: int, n_kv: int, head_dim: int, dtype, device):
-        shape = (n_layers, batch, max_seq, n_kv, head_dim)
-        z = torch.zeros(shape, dtype=dtype, device=device)
-        return cls(z, torch.zeros_like(z), torch.zeros(batch, dtype=torch.int32, device=device))
+    def empty(
+        cls, n_layers: int, batch: int, max_seq: int, n_kv: int, head_dim: int, dtype, device, layout: str = "nhd"
+    ) -> StaticCache:
+        if layout not in KV_LAYOUTS:
+            raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {layout!r}")
+        if layout == "nhd":
+            z = torch.zeros((n_layers, batch, max_seq, n_kv, head_dim), dtype=dtype, device=device)
+            z2 = torch.zeros_like(z)
+        else:
+            z, z2 = (torch.zeros((n_layers, batch, n_kv, max_seq, head_dim), dtype=dtype, device=device).transpose(2, 3)
+                     for _ in range(2))  # fmt: skip
+        return cls(z, z2, torch.zeros(batch, dtype=torch.int32, device=device), layout)
 
     def reset(self) -> None:
         self.lens.zero_()
@@ -144,6 +161,9 @@ class WideRuntime:
     splits every running pair's keys into ``attn_split_cap(max_seq)`` parts (the cache size alone) instead of a
     count read from the batch's running pairs, so that a row's rounding does not depend on its batch-mates' masks
     (docs/serving.md#batch-invariant-mode; the serving engine also fixes the padded batch size in that mode).
+    ``kv_layout``: the cache's memory layout, "nhd" (token-major, the default) or "hnd" (head-major: each
+    (sequence, KV group) pair's keys contiguous); the same [L, B, S, Hk, d] tensors either way
+    (``KV_LAYOUTS``, docs/long-context.md#cache-layout).
 
     Slots (``wide.serve``): ``prefill(ids, slot=s)`` fills cache row s alone (other rows are neither read nor
     written); ``decode(ids, active)`` steps rows [0, B) each at its own ``cache.lens``, rows with ``active`` False
@@ -162,6 +182,7 @@ class WideRuntime:
         compile: bool = False,
         fused_decode: bool | None = None,
         batch_invariant: bool = False,
+        kv_layout: str = "nhd",
     ):
         self.wm, self.hf = wm, wm.model
         self.layers = decoder_layers(self.hf)
@@ -197,7 +218,9 @@ class WideRuntime:
         # per layer: the attention and FFN routers folded for inference (Router.fold)
         self.heads = [(r.attn.fold(p.dtype), r.ffn.fold(p.dtype)) for r in wm.routers]
         self.weights = [self._layer_weights(i, layer) for i, layer in enumerate(self.layers)]
-        self.cache = StaticCache.empty(d.n_layers, max_batch, max_seq, d.n_kv_heads, d.head_dim, p.dtype, p.device)
+        self.cache = StaticCache.empty(
+            d.n_layers, max_batch, max_seq, d.n_kv_heads, d.head_dim, p.dtype, p.device, layout=kv_layout
+        )
         self.batch_invariant = batch_invariant
         self.attn_splits: int | None = None  # fused decode attention's fixed split count (None: the running-pair rule)
         self.last_masks: list[Masks] = []  # the unfused path's last forward: per layer, its execute masks
