@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sparsities", default="0,0.5")
     ap.add_argument("--configs", default=CONFIGS, help="'/'-separated BLOCK_M,BLOCK_N,num_warps,num_stages")
     ap.add_argument("--budget-s", type=float, default=240.0, help="no configuration starts past this many seconds")
+    ap.add_argument("--kv-layouts", default="nhd,hnd", help="K / V memory layouts each configuration is timed in")
     ap.add_argument("--smoke", action="store_true", help="CPU: the correctness checks only, through the interpreter")
     a = ap.parse_args(argv)
     t0 = time.time()
@@ -79,6 +80,9 @@ def main(argv: list[str] | None = None) -> None:
     device = "cpu" if interpret else "cuda"
     prompts = [int(x) for x in a.prompts.split(",") if x]
     levels = [float(x) for x in a.sparsities.split(",") if x]
+    layouts = [x for x in a.kv_layouts.split(",") if x]
+    if not layouts or any(x not in ("nhd", "hnd") for x in layouts):
+        raise SystemExit(f"--kv-layouts: {a.kv_layouts!r}; known: nhd, hnd")
     command = "python -m bench.kernels.sweep_prefill_attention " + shlex.join(sys.argv[1:] if argv is None else argv)
     meta = {"command": command, "commit": tree_commit(), "card": card_tag(device),
             "device": torch.cuda.get_device_name() if device == "cuda" else "cpu (interpreter)",
@@ -98,10 +102,10 @@ def main(argv: list[str] | None = None) -> None:
         else:
             from wide.bench.attention_bench import bench_prefill
 
-            for t in prompts:
-                for r in bench_prefill(1, t, levels, config=cfg):
-                    rows.append({**base, "T": t, "sparsity": r["sparsity"], "wide_ms": r["wide_ms"],
-                                 "sdpa_ms": r["dense_ms"], "sdpa_backend": r["baseline"],
+            for t, layout in ((t, lay) for t in prompts for lay in layouts):
+                for r in bench_prefill(1, t, levels, config=cfg, layout=layout):
+                    rows.append({**base, "T": t, "kv_layout": layout, "sparsity": r["sparsity"],
+                                 "wide_ms": r["wide_ms"], "sdpa_ms": r["dense_ms"], "sdpa_backend": r["baseline"],
                                  "speedup": r["speedup"], "real_sparsity": r.get("real_sparsity")})  # fmt: skip
                 torch.cuda.empty_cache()
         print(json.dumps(rows[-1]), flush=True)
@@ -114,16 +118,17 @@ def render(meta: dict, rows: list[dict]) -> str:
     """The sweep as a table: one row per (configuration, prompt, sparsity)."""
     lines = [f"# Routed prefill attention: launch configurations ({meta['device']}, {meta['commit']})", "",
              f"Command: `{meta['command']}`", "",
-             "| config (BM, BN, warps, stages) | bf16 rule | T | sparsity | WIDE ms | SDPA ms | vs SDPA |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| config (BM, BN, warps, stages) | bf16 rule | T | K/V layout | sparsity | WIDE ms | SDPA ms | vs SDPA |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         cfg = r["config"] if isinstance(r["config"], str) else ",".join(map(str, r["config"] or []))
         if "skipped" in r:
-            lines.append(f"| {cfg} | skipped ({r['skipped']}) | | | | | |")
+            lines.append(f"| {cfg} | skipped ({r['skipped']}) | | | | | | |")
         elif "T" not in r:
-            lines.append(f"| {cfg} | {'ok' if r['check_ok'] else 'FAIL'} ({r['check_err']:.2e}) | | | | | |")
+            lines.append(f"| {cfg} | {'ok' if r['check_ok'] else 'FAIL'} ({r['check_err']:.2e}) | | | | | | |")
         else:
-            lines.append(f"| {cfg} | ok | {r['T']} | {r['sparsity']:.2f} | {r['wide_ms']:.3f} | {r['sdpa_ms']:.3f} "
+            lines.append(f"| {cfg} | ok | {r['T']} | {r['kv_layout']} | {r['sparsity']:.2f} | {r['wide_ms']:.3f} "
+                         f"| {r['sdpa_ms']:.3f} "
                          f"| {r['speedup']:.3f} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 

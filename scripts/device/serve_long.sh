@@ -7,6 +7,7 @@
 #   STEP=serve-long  wide bench serve, the long workload (engine rows)         -> serve-long-CARD.{json,md}
 #   STEP=serve-chat  wide bench serve, the chat workload, the bare B 1 step, HF static-cache generate, batch
 #                    dependence                                              -> serve-chat-CARD.{json,md}
+#                    (SERVE_ARGS: more flags for either serve step, e.g. '--concurrency 4')
 #   STEP=tests       the GPU suite (tests/kernels, tests/runtime, the engine's GPU tests), the long-context
 #                    file alone first                                        -> gpu-tests-CARD.log
 #   STEP=profile     bench.profile.profile_long_context: the fused step kernel by kernel at B 16 / 16k (B, CTX),
@@ -31,10 +32,10 @@ case "${STEP:?set STEP=grid|serve-long|serve-chat|tests|profile}" in
       ${GRID_ARGS:-} > "$OUT/grid.log" 2>&1 ;;
   serve-long)
     timeout $((BUDGET_S + 150)) python3 -m wide.cli bench serve --out "$OUT" --workloads long --parts engine \
-      --budget-s "$BUDGET_S" > "$OUT/serve-long.log" 2>&1 ;;
+      --budget-s "$BUDGET_S" ${SERVE_ARGS:-} > "$OUT/serve-long.log" 2>&1 ;;
   serve-chat)
     timeout $((BUDGET_S + 150)) python3 -m wide.cli bench serve --out "$OUT" --workloads chat \
-      --budget-s "$BUDGET_S" > "$OUT/serve-chat.log" 2>&1 ;;
+      --budget-s "$BUDGET_S" ${SERVE_ARGS:-} > "$OUT/serve-chat.log" 2>&1 ;;
   tests)
     # the GPU suite: tests/kernels and tests/runtime whole (on a GPU their kernel_device cases run on CUDA too) and
     # the engine's GPU tests; the long-context file alone first (its 16k-32k caches do not fit eight workers)

@@ -39,3 +39,8 @@ def test_a_wrong_kernel_fails_its_check(monkeypatch):
 
     monkeypatch.setattr(attention, "routed_attention_prefill", broken)
     assert not SW.check_config(None, "cpu", interpret=True)["ok"]
+
+
+def test_unknown_layout_is_a_one_line_error(tmp_path):
+    with pytest.raises(SystemExit, match="--kv-layouts"):
+        SW.main(["--smoke", "--out", str(tmp_path), "--kv-layouts", "bhsd"])

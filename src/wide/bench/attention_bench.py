@@ -105,9 +105,10 @@ def _record(kind, b, key, val, sparsity, dense_ms, wide_ms, baseline, **extra) -
     }
 
 
-def bench_prefill(b: int, t: int, sparsities, dtype=torch.bfloat16, config=None) -> list[dict]:
+def bench_prefill(b: int, t: int, sparsities, dtype=torch.bfloat16, config=None, layout: str = "nhd") -> list[dict]:
     """``config``: a prefill launch configuration (BLOCK_M, BLOCK_N, num_warps, num_stages) instead of the
-    kernel's defaults."""
+    kernel's defaults; ``layout``: "hnd" holds the routed kernel's K / V head-major in memory (the same [B, T, Hk, d]
+    tensors, as ``WideRuntime(kv_layout="hnd")`` caches them; SDPA, the baseline, reads its own copies)."""
     from wide.kernels.attention import routed_attention_prefill
     from wide.kernels.route.reorder import reorder
 
@@ -116,6 +117,8 @@ def bench_prefill(b: int, t: int, sparsities, dtype=torch.bfloat16, config=None)
     ks = [torch.randn(b, t, HK, D, device="cuda", dtype=dtype) for _ in range(n)]
     vs = [torch.randn(b, t, HK, D, device="cuda", dtype=dtype) for _ in range(n)]
     tr = [x.transpose(1, 2) for x in qs], [x.transpose(1, 2) for x in ks], [x.transpose(1, 2) for x in vs]
+    if layout == "hnd":  # [B, T, Hk, d] views of [B, Hk, T, d] storage
+        ks, vs = ([x.transpose(1, 2).contiguous().transpose(1, 2) for x in xs] for xs in (ks, vs))
     key = ("prefill", b, t)
     if key not in _BASELINE_CACHE:
         _BASELINE_CACHE[key] = _best(_sdpa_cands(*tr, causal=True))
