@@ -318,6 +318,13 @@ def headline_rows() -> list[str]:
         f"| {d['output_tokens_per_s']:.0f} | {w['output_tokens_per_s']:.0f} ({w['speedup_vs_dense']:.2f}×) "
         f"| {_link(sl)} |"
     )
+    d, w = (next(r for r in _load(sc)["records"] if r["kind"] == "engine" and r["concurrency"] == 16
+                 and r["variant"] == v) for v in ("dense", "shipped_rates"))  # fmt: skip
+    rows.append(
+        f"| Serving, chat (prompts 128-4k), concurrency 16, shipped routers' rates: output tok/s "
+        f"| {_load(sc)['meta']['device']} | {d['output_tokens_per_s']:.0f} | {w['output_tokens_per_s']:.0f} "
+        f"({w['speedup_vs_dense']:.2f}×) | {_link(sc)} |"
+    )
     hf = next(r for r in _load(sc)["records"] if r["kind"] == "hf")
     eng = next(r for r in _load(sc)["records"] if r["kind"] == "engine" and r["concurrency"] == 1
                and r["variant"] == "dense")  # fmt: skip
