@@ -20,19 +20,22 @@ ROOT = Path(__file__).resolve().parents[2]
 FIELDS = ("variant", "B", "ctx", "sparsity", "tpot_ms", "tpot_speedup", "byte_limit", "card", "commit", "torch")
 
 
-@pytest.fixture(scope="module")
-def smoke_rows(tmp_path_factory):
-    """One smoke run in a process of its own on the torch references (no interpreter: the kernels' own tests
-    cover them; this one covers the driver)."""
-    out = tmp_path_factory.mktemp("lc")
+def _smoke_grid(out: Path, *args: str) -> list[dict]:
+    """One smoke run (B 2, 40 cached keys, 24-token prompts, 50%) in a process of its own on the torch references
+    (no interpreter: the kernels' own tests cover them; this covers the driver) -> its rows."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
     cmd = [sys.executable, "-m", "bench.decode.long_context", "--smoke", "--out", str(out), "--batches", "2",
-           "--contexts", "40", "--prompts", "24", "--sparsities", "0.5", "--shipped", "smollm2-135m-s50",
-           "--budget-s", "3600"]  # fmt: skip
+           "--contexts", "40", "--prompts", "24", "--sparsities", "0.5", "--budget-s", "3600", *args]  # fmt: skip
     run = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    return out, json.loads((out / "long-context-cpu.json").read_text())
+    return json.loads((out / "long-context-cpu.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def smoke_rows(tmp_path_factory):
+    out = tmp_path_factory.mktemp("lc")
+    return out, _smoke_grid(out, "--shipped", "smollm2-135m-s50")
 
 
 def test_smoke_grid_records(smoke_rows):
@@ -120,14 +123,7 @@ def test_unknown_rule_is_a_one_line_error():
 def test_cells_timed_in_both_cache_layouts(tmp_path):
     """--kv-layouts nhd,hnd: every cell's rows in both layouts, each ratio against its own layout's dense row and
     against the library's default (nhd) dense row; the summary marks the head-major rows as not default."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
-    cmd = [sys.executable, "-m", "bench.decode.long_context", "--smoke", "--out", str(tmp_path), "--batches", "2",
-           "--contexts", "40", "--prompts", "24", "--sparsities", "0.5", "--shipped", "", "--kv-layouts", "nhd,hnd",
-           "--budget-s", "3600"]  # fmt: skip
-    run = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    rows = json.loads((tmp_path / "long-context-cpu.json").read_text())
+    rows = _smoke_grid(tmp_path, "--shipped", "", "--kv-layouts", "nhd,hnd")
     tpot = {(r["kv_layout"], r["level"]): r for r in rows if r["kind"] == "tpot"}
     assert set(tpot) == {(lay, lv) for lay in ("nhd", "hnd") for lv in ("dense", "wide 50%")}
     assert [r["default_layout"] for r in tpot.values()] == [True, True, False, False]

@@ -67,13 +67,12 @@ class StaticCache:
     ) -> StaticCache:
         if layout not in KV_LAYOUTS:
             raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {layout!r}")
-        if layout == "nhd":
-            z = torch.zeros((n_layers, batch, max_seq, n_kv, head_dim), dtype=dtype, device=device)
-            z2 = torch.zeros_like(z)
-        else:
-            z, z2 = (torch.zeros((n_layers, batch, n_kv, max_seq, head_dim), dtype=dtype, device=device).transpose(2, 3)
-                     for _ in range(2))  # fmt: skip
-        return cls(z, z2, torch.zeros(batch, dtype=torch.int32, device=device), layout)
+        head_major = layout == "hnd"
+        storage = (n_layers, batch, *((n_kv, max_seq) if head_major else (max_seq, n_kv)), head_dim)
+        k, v = (torch.zeros(storage, dtype=dtype, device=device) for _ in range(2))
+        if head_major:  # the [L, B, S, Hk, d] view every reader and writer takes
+            k, v = k.transpose(2, 3), v.transpose(2, 3)
+        return cls(k, v, torch.zeros(batch, dtype=torch.int32, device=device), layout)
 
     def reset(self) -> None:
         self.lens.zero_()
